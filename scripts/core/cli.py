@@ -1,0 +1,88 @@
+"""The command line shared by every training script, and how errors reach the user."""
+import argparse
+import sys
+from pathlib import Path
+
+from . import CourseError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_DATA_DIR = REPO / "data"
+DEFAULT_RESULTS_DIR = REPO / "results"
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser(description):
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    data = parser.add_argument_group("data and model")
+    data.add_argument("--dataset", default="mnist5k", help="mnist5k (bundled, offline; default) or mnist (full, download first)")
+    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="where the data sets live (default: data/)")
+    data.add_argument("--model", default="net", help="net: the two-conv MNIST network (default)")
+    data.add_argument("--no-dropout", dest="dropout", action="store_false", help="turn the Net's dropout off (exact comparisons need it off)")
+    data.add_argument("--loader", choices=["tensor", "dataloader"], default="tensor",
+                      help="tensor: whole data set in memory, batches by indexing (default); dataloader: per-sample transforms")
+    data.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (dataloader route only)")
+    data.add_argument("--pin-memory", action="store_true", help="pin host memory for faster copies to the GPU (dataloader route)")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=positive_int, default=3)
+    train.add_argument("--batch-size", type=positive_int, default=64, help="per process (the global batch is this times the world size)")
+    train.add_argument("--eval-batch-size", type=positive_int, default=500)
+    train.add_argument("--optimizer", choices=["adadelta", "adam", "sgd"], default="adam")
+    train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1.0 for adadelta, 2e-3 for adam, 0.05 for sgd)")
+    train.add_argument("--gamma", type=positive_float, default=0.7, help="learning-rate decay per epoch (StepLR)")
+    train.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after this many steps (for short runs)")
+    train.add_argument("--seed", type=int, default=0)
+
+    where = parser.add_argument_group("device and processes")
+    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda:LOCAL_RANK when a GPU is present, else cpu")
+    where.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with CUDA, gloo on CPU")
+    where.add_argument("--threads", type=positive_int, default=None, help="CPU threads per process (default: the cores this job may use / processes on this node)")
+    where.add_argument("--timeout", type=positive_int, default=300, help="seconds a collective may wait before the run fails")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the JSON record goes (default: results/)")
+    out.add_argument("--run-name", default=None, help="file name of the JSON record (default: <script>-w<world size>-<time>)")
+    out.add_argument("--peak-tflops", type=positive_float, default=None, help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
+    return parser
+
+
+def parse_args(argv=None, description=None, add_arguments=None):
+    """Parse the shared flags, plus any a script adds through ``add_arguments(parser)``."""
+    parser = build_parser(description)
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error("--workers must be 0 or more")
+    return args
+
+
+def run(main, argv=None):
+    """Run a script's ``main`` so that a CourseError is one line on stderr and exit status 1."""
+    from . import distributed
+
+    try:
+        main(argv)
+    except CourseError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        distributed.teardown()

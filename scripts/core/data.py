@@ -1,0 +1,99 @@
+"""The data sets, and the two ways batches reach the model.
+
+Data sets are read with ``torchvision.datasets`` and ``download=False``: training
+never downloads (compute nodes often have no internet, and several ranks
+downloading at once corrupt the files). ``scripts/download_data.py`` fetches them
+once, on a login node. The default, ``mnist5k``, ships with the repository.
+
+Two routes to batches, both driven by a sampler that decides which indices this
+process sees in which order:
+- ``TensorBatches``: the whole set is one normalised tensor on the device, and a
+  batch is an index into it. MNIST fits in memory easily, and this skips the
+  per-sample Python work that dominates small models.
+- ``torch.utils.data.DataLoader`` with per-sample transforms, workers and
+  pin_memory: the general route, and the one the notebooks compare against.
+"""
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Subset
+from torchvision import datasets, transforms
+
+from . import CourseError
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+# name -> (where under --data-dir, torchvision class, the download_data.py argument)
+DATASETS = {
+    "mnist5k": ("mnist5k", datasets.MNIST, None),
+    "mnist": (".", datasets.MNIST, "mnist"),
+}
+
+
+def mnist_transform():
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
+
+
+def load_datasets(name, data_dir):
+    """(train, test) torchvision data sets, read from disk only."""
+    if name not in DATASETS:
+        raise CourseError(f"unknown --dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    subdir, dataset_class, download_name = DATASETS[name]
+    root = Path(data_dir) / subdir
+    try:
+        train = dataset_class(root, train=True, download=False, transform=mnist_transform())
+        test = dataset_class(root, train=False, download=False, transform=mnist_transform())
+    except RuntimeError as error:  # torchvision: "Dataset not found. You can use download=True ..."
+        if download_name is None:
+            raise CourseError(f"the bundled {name} data is missing from {root}; restore it with: git checkout -- data/") from None
+        raise CourseError(
+            f"{name} not found under {root} ({error}); fetch it on a machine with internet: "
+            f"python scripts/download_data.py {download_name} --data-dir {data_dir}"
+        ) from None
+    return train, test
+
+
+def as_tensors(dataset):
+    """All images (N, C, H, W), normalised exactly as the transform does, and labels (N,)."""
+    if isinstance(dataset, datasets.MNIST):
+        images = dataset.data.unsqueeze(1).float().div(255)  # what ToTensor does, for all at once
+        images = images.sub(MNIST_MEAN).div(MNIST_STD)  # what Normalize does
+        return images, dataset.targets.clone()
+    # Any other data set: run its own transform once over every sample.
+    images, labels = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack(images), torch.as_tensor(labels)
+
+
+class TensorBatches:
+    """Batches cut from in-memory tensors in the order the sampler gives."""
+
+    def __init__(self, dataset, sampler, batch_size, device):
+        images, labels = as_tensors(dataset)
+        self.images, self.labels = images.to(device), labels.to(device)
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.batch_size)  # ceiling: the last batch may be short
+
+    def __iter__(self):
+        order = torch.tensor(list(self.sampler), device=self.images.device)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            yield self.images[batch], self.labels[batch]
+
+
+def train_batches(dataset, sampler, batch_size, args, device):
+    """The training batches of this process, by the route ``--loader`` names."""
+    if args.loader == "tensor":
+        return TensorBatches(dataset, sampler, batch_size, device)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler,
+        num_workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.workers > 0,
+    )
+
+
+def evaluation_shard(dataset, rank, world_size):
+    """Every rank-th sample, with no padding, so that the shards of all ranks
+    together hold each test sample exactly once (DistributedSampler would pad
+    the last shard with repeats and count them twice)."""
+    return Subset(dataset, range(rank, len(dataset), world_size))
