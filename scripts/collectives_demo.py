@@ -1,0 +1,140 @@
+"""Step 0: the collectives that data parallelism is built from, live.
+
+    torchrun --nproc-per-node=2 scripts/collectives_demo.py
+    torchrun --nproc-per-node=2 scripts/collectives_demo.py --device cpu --backend gloo
+
+Every rank starts with different numbers and calls the same collective; the
+output shows what each rank held before and after:
+
+  all_reduce   every rank ends with the element-wise sum over all ranks
+               (then divided by the world size: the mean, which is how
+               gradients are averaged in step 2);
+  broadcast    every rank ends with rank 0's tensor (how every replica
+               starts from the same weights);
+  all_gather   every rank ends with the tensors of all ranks, in rank order.
+
+Each rank sends its before/after values to rank 0 (with all_gather_object,
+itself a collective), and rank 0 alone prints them, in rank order. If every
+rank printed its own lines, they would interleave in a different order on
+every run.
+"""
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from core import cli, distributed
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda:LOCAL_RANK when a GPU is present, else cpu")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                        help="auto: nccl with CUDA, gloo on CPU")
+    parser.add_argument("--timeout", type=cli.positive_int, default=60, help="seconds a collective may wait")
+    parser.add_argument("--json", type=Path, default=None, help="rank 0 also writes what every rank held here")
+    return parser.parse_args(argv)
+
+
+def all_reduce_sum(rank, device):
+    tensor = torch.tensor([1.0, 10.0, 100.0], device=device) * (rank + 1)
+    before = tensor.tolist()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # in place, on every rank
+    return before, tensor.tolist()
+
+
+def all_reduce_mean(rank, device):
+    tensor = torch.tensor([1.0, 10.0, 100.0], device=device) * (rank + 1)
+    before = tensor.tolist()
+    # SUM, then divide: works on every backend (ReduceOp.AVG does not exist on all of them)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor /= dist.get_world_size()
+    return before, tensor.tolist()
+
+
+def broadcast_from_rank0(rank, device):
+    # Each rank draws its own "initial weights" from its own seed ...
+    tensor = torch.randn(3, generator=torch.Generator().manual_seed(rank)).to(device)
+    before = tensor.tolist()
+    dist.broadcast(tensor, src=0)  # ... and then every rank holds rank 0's
+    return before, tensor.tolist()
+
+
+def all_gather(rank, device):
+    tensor = torch.tensor([0.0, 1.0], device=device) + 10 * rank
+    before = tensor.tolist()
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)  # gathered[r] is rank r's tensor, on every rank
+    return before, [t.tolist() for t in gathered]
+
+
+DEMOS = [
+    ("all_reduce", all_reduce_sum, "all_reduce(SUM): every rank ends with the element-wise sum"),
+    ("all_reduce_mean", all_reduce_mean,
+     "all_reduce(SUM), then divide by the world size: the mean (how step 2 averages gradients)"),
+    ("broadcast", broadcast_from_rank0, "broadcast(src=0): every rank ends with rank 0's tensor"),
+    ("all_gather", all_gather, "all_gather: every rank ends with every rank's tensor, in rank order"),
+]
+
+
+def number(value):
+    """1.0 -> '1', 1.5 -> '1.5', 0.123456 -> '0.1235': short, and the same on every run."""
+    return f"{value:.4f}".rstrip("0").rstrip(".")
+
+
+def show(values):
+    if isinstance(values[0], list):
+        return "[" + ", ".join(show(v) for v in values) + "]"
+    return "[" + ", ".join(number(v) for v in values) + "]"
+
+
+def gather_to_all(value):
+    """Every rank's ``value`` (any picklable object), as a list indexed by rank."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def report(identities, results):
+    lines = ["who is who"]
+    for rank, who in enumerate(identities):
+        lines.append(f"  rank {rank}: local rank {who['local_rank']}, world size {who['world_size']}, "
+                     f"local world size {who['local_world_size']}, device {who['device']}, backend {who['backend']}")
+    for name, _, title in DEMOS:
+        before_width = max(len(show(before)) for before, _ in results[name])
+        lines += ["", title]
+        for rank, (before, after) in enumerate(results[name]):
+            lines.append(f"  rank {rank}  before {show(before):<{before_width}}  after {show(after)}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, local_rank, world_size, local_world_size = distributed.process_layout()
+    device = distributed.pick_device(args.device, local_rank, local_world_size)
+    backend = distributed.pick_backend(args.backend, device)
+    torch.set_num_threads(1)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL and all_gather_object use this GPU
+    distributed.init_process_group(backend, rank, world_size, args.timeout)
+
+    identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
+                "local_world_size": local_world_size, "device": str(device), "backend": dist.get_backend()}
+    identities = gather_to_all(identity)
+    results = {name: gather_to_all(demo(rank, device)) for name, demo, _ in DEMOS}
+
+    if rank == 0:
+        print(report(identities, results), flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            record = {"world_size": world_size, "ranks": identities,
+                      **{name: {"before": [b for b, _ in per_rank], "after": [a for _, a in per_rank]}
+                         for name, per_rank in results.items()}}
+            args.json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    cli.run(main)
