@@ -1,0 +1,103 @@
+"""Benchmark: training time until the baseline first reaches a target test accuracy.
+
+    python benchmarks/time_to_accuracy.py --target 0.95 --repeats 3
+
+Compares, on the same machine in the same run and with the same model (the Net):
+  seed-recipe    the pytorch/examples MNIST recipe the course starts from: a DataLoader
+                 with per-sample transforms, Adadelta lr 1.0, StepLR gamma 0.7, batch 64
+  course-recipe  the course default: whole data set in memory (TensorBatches), Adam,
+                 the same StepLR decay, batch 64
+and any recipe given with --recipe NAME:LOADER:OPTIMIZER:LR:BATCH.
+The clock runs only during training steps: the test set is scored every
+--eval-every steps with the clock stopped. Recipes alternate within each repeat,
+so a slower or busier moment of the machine hits every recipe alike.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from core import data, distributed, models, reporting, training  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+RECIPES = {
+    "seed-recipe": ("dataloader", "adadelta", 1.0, 64),
+    "course-recipe": ("tensor", "adam", 2e-3, 64),
+}
+
+
+def parse_recipe(text):
+    name, loader, optimizer, lr, batch = text.split(":")
+    return name, (loader, optimizer, float(lr), int(batch))
+
+
+def run_once(recipe, train_set, test_set, args, runtime):
+    loader, optimizer_name, lr, batch_size = recipe
+    run_args = argparse.Namespace(loader=loader, workers=0, pin_memory=False, optimizer=optimizer_name,
+                                  lr=lr, gamma=0.7, model="net", dropout=True)
+    torch.manual_seed(args.seed)
+    model = models.build_model(run_args)
+    sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=args.seed)
+    batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)
+    optimizer, scheduler = training.make_optimizer(model, run_args)
+    clock, steps = 0.0, 0
+    for epoch in range(1, args.max_epochs + 1):
+        sampler.set_epoch(epoch)
+        model.train()
+        started = time.perf_counter()
+        for images, labels in batches:
+            training.train_step(model, optimizer, images, labels)
+            steps += 1
+            if steps % args.eval_every == 0:
+                clock += time.perf_counter() - started
+                accuracy = training.evaluate(model, test_set, runtime, 500)["test_accuracy"]
+                if accuracy >= args.target:
+                    return {"seconds": clock, "steps": steps, "epochs": steps / len(batches), "accuracy": accuracy}
+                model.train()
+                started = time.perf_counter()
+        clock += time.perf_counter() - started
+        scheduler.step()
+    return {"seconds": None, "steps": steps, "epochs": args.max_epochs, "accuracy": accuracy}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--eval-every", type=int, default=10, help="score the test set every this many steps")
+    parser.add_argument("--max-epochs", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recipe", action="append", default=[], type=parse_recipe)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    recipes = dict(RECIPES, **dict(args.recipe))
+    runtime = distributed.Runtime(0, 0, 1, 1, torch.device("cpu"), None, args.threads)
+    train_set, test_dataset = data.load_datasets("mnist5k", data.Path(__file__).resolve().parents[1] / "data")
+    test_set = training.TestSet(test_dataset, runtime)
+    runs = {name: [] for name in recipes}
+    for repeat in range(args.repeats):
+        for name, recipe in recipes.items():
+            result = run_once(recipe, train_set, test_set, args, runtime)
+            runs[name].append(result)
+            print(f"repeat {repeat + 1}: {name:<16} {result}", flush=True)
+    hardware = reporting.hardware(runtime)
+    print(f"\ntime to {args.target:.0%} test accuracy on mnist5k ({hardware['cpu']}, {args.threads} threads, "
+          f"torch {hardware['torch']}), median of {args.repeats}:")
+    for name, results in runs.items():
+        seconds = [r["seconds"] for r in results if r["seconds"] is not None]
+        median = statistics.median(seconds) if len(seconds) == len(results) else None
+        steps = statistics.median(r["steps"] for r in results)
+        print(f"  {name:<16} {'not reached' if median is None else f'{median:6.2f} s'}  ({steps:.0f} steps)")
+    if args.json:
+        args.json.write_text(json.dumps({"hardware": hardware, "target": args.target, "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
