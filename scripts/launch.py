@@ -192,7 +192,12 @@ def rank_by_hostname(hosts, source):
 
 
 def visible_gpus():
-    """GPUs torch can see here (it honours CUDA_VISIBLE_DEVICES). Imported only when needed."""
+    """GPUs torch can see here (it honours CUDA_VISIBLE_DEVICES).
+
+    Importing torch takes seconds, so it is skipped where the NVIDIA driver lists no GPU.
+    """
+    if not os.path.isdir("/proc/driver/nvidia/gpus") or not os.listdir("/proc/driver/nvidia/gpus"):
+        return 0
     try:
         import torch
     except ImportError:

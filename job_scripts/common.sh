@@ -1,0 +1,58 @@
+# shellcheck shell=bash
+# Helpers shared by the job scripts; nothing here is site-specific (that is site.sh).
+# Sourced from the course directory: every job changes to it first.
+
+course_fail() {
+    echo "job: error: $*" >&2
+    exit 1
+}
+
+[[ -f job_scripts/site.sh ]] || course_fail "run from the course directory ($PWD has no job_scripts/site.sh)"
+# shellcheck source=job_scripts/site.sh
+source job_scripts/site.sh
+
+# Extra arguments for the training script, from COURSE_ARGS (split at spaces, no quoting):
+#   qsub -v COURSE_ARGS="--epochs 1 --batch-size 128" job_scripts/04_ddp.pbs
+#   COURSE_ARGS="--epochs 1" sbatch job_scripts/04_ddp.sbatch
+# shellcheck disable=SC2034  # used by the job scripts that source this file
+read -r -a COURSE_ARG_LIST <<<"${COURSE_ARGS:-}"
+
+# Load the modules and the Python environment named in site.sh.
+course_setup() {
+    site_load_modules
+    site_activate_python
+    command -v python >/dev/null || course_fail "no python on PATH after the setup in job_scripts/site.sh"
+}
+
+# What a job log should start with: where it ran, on which GPUs, with which versions.
+course_log_env() {
+    echo "== job ${PBS_JOBID:-${SLURM_JOB_ID:-(no job id)}} on $(hostname), $(date '+%Y-%m-%d %H:%M:%S')"
+    echo "== course directory: $PWD"
+    if [[ -n ${PBS_NODEFILE:-} && -r ${PBS_NODEFILE:-} ]]; then
+        echo "== nodes (PBS_NODEFILE): $(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE" | paste -sd ' ' -)"
+    elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+        echo "== nodes (SLURM_JOB_NODELIST): $SLURM_JOB_NODELIST"
+    fi
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi -L || echo "== nvidia-smi failed: is the driver loaded on this node?"
+        echo "== NVIDIA driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+    else
+        echo "== GPUs: none (no nvidia-smi on this node)"
+    fi
+    echo "== python: $(command -v python) ($(python --version 2>&1))"
+    python -c '
+import torch
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) or "none"
+print(f"== torch {torch.__version__}, built for CUDA {torch.version.cuda}; GPUs torch can use: {gpus} ({names})")
+' || course_fail "python could not import torch; check the environment set up by job_scripts/site.sh"
+}
+
+# Run the training command; report and return its exit status (the job's, under set -e).
+course_run() {
+    local start=$SECONDS status=0
+    echo "== running: $*"
+    "$@" || status=$?
+    echo "== exit status $status after $((SECONDS - start)) s"
+    return "$status"
+}
