@@ -1,0 +1,100 @@
+"""Shared by the tests that run the launcher and the job scripts as a scheduler would."""
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_SCRIPTS = REPO / "job_scripts"
+STAND_INS = REPO / "tests" / "cluster_stand_ins"
+LAUNCHER = REPO / "scripts" / "launch.py"
+
+# Every training run in these tests: one short epoch on the bundled data.
+SHORT_RUN = "--epochs 1 --max-steps 5"
+
+
+@functools.cache
+def load_launcher():
+    """scripts/launch.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("course_launch", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def job_id_with_free_port(prefix):
+    """A fake job id whose rendezvous port (the launcher derives it from the id) is free now."""
+    job_port = load_launcher().job_port
+    for n in range(1000):
+        job_id = f"{prefix}{os.getpid()}-{n}.pbs-test"
+        if port_is_free(job_port(job_id)):
+            return job_id
+    raise RuntimeError("no free rendezvous port found")
+
+
+def clean_environment():
+    """This process's environment without anything a scheduler or a shell function set."""
+    drop = ("PBS_", "SLURM_", "SRUN_", "SBATCH_", "BASH_FUNC_", "COURSE_", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    for name in ("NCPUS", "NGPUS", "VIRTUAL_ENV", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, even on a machine that has one: the CPU and gloo path
+    if not (REPO / ".venv" / "bin" / "activate").exists():
+        # site.sh would find no .venv: let it fall through to this interpreter on PATH.
+        env.update(COURSE_VENV="", COURSE_CONDA_ENV="")
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def pbs_environment(tmp_path, hosts, job_id, ncpus, course_args):
+    """What PBS sets for a job: the course directory, a node file, a job id, the CPUs.
+
+    The pbsdsh stand-in goes first on PATH, and on PBS_O_PATH (the submitter's PATH,
+    which pbsdsh tasks get back).
+    """
+    nodefile = tmp_path / f"nodefile.{job_id}"
+    nodefile.write_text("".join(f"{host}\n" for host in hosts))
+    env = clean_environment()
+    env["PATH"] = f"{STAND_INS}{os.pathsep}{env.get('PATH', '')}"
+    env.update(
+        PBS_ENVIRONMENT="PBS_BATCH",
+        PBS_O_WORKDIR=str(REPO),
+        PBS_O_PATH=env["PATH"],
+        PBS_NODEFILE=str(nodefile),
+        PBS_JOBID=job_id,
+        PBS_QUEUE="workq",
+        NCPUS=str(ncpus),
+        COURSE_ARGS=course_args,
+    )
+    return env
+
+
+def run_job(script, env, cwd, timeout=300):
+    """Run a job script under bash, as the scheduler would; output and errors together."""
+    return subprocess.run(
+        ["bash", str(script)], env=env, cwd=cwd, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def read_record(path):
+    return json.loads(Path(path).read_text())
+
+
+def shellcheck():
+    return shutil.which("shellcheck")
