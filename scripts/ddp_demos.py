@@ -1,0 +1,243 @@
+"""What DistributedDataParallel does for you, and where it bites: small demos, one run.
+
+    torchrun --nproc-per-node=2 scripts/ddp_demos.py
+
+Each demo prints a section headed ``== name ==`` on rank 0 (the notebook shows each
+section where it belongs), and ``--json`` writes what was observed, for checks:
+
+  devices    which device each rank uses: cuda:LOCAL_RANK, never cuda:RANK
+  broadcast  ranks built with different weights hold rank 0's after DDP(model)
+  buckets    the order of events in backward: gradients arrive, buckets are all-reduced
+  buffers    BatchNorm statistics: rank 0's are broadcast at the start of every forward
+  unused     a parameter that gets no gradient: the error, then find_unused_parameters
+  prefix     a DDP state_dict has "module." keys; a plain model loads model.module's
+"""
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from core import cli, distributed, models
+
+DEMOS = ["devices", "broadcast", "buckets", "buffers", "unused", "prefix"]
+
+
+def add_arguments(parser):
+    parser.add_argument("--demo", choices=DEMOS, nargs="*", default=DEMOS, help="which demos to run (default: all)")
+    parser.add_argument("--json", type=Path, default=None, help="write what the demos observed here (rank 0)")
+    parser.add_argument("--save-prefixed", type=Path, default=None,
+                        help="rank 0 also saves ddp_model.state_dict() here, 'module.' keys and all (the mistake)")
+    parser.set_defaults(dropout=False)
+
+
+def wrap(model, runtime, **options):
+    """DDP as the training script builds it: device_ids only for a GPU."""
+    device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+    return DDP(model.to(runtime.device), device_ids=device_ids, **options)
+
+
+def gather(value):
+    """The value of every rank, in rank order, on every rank."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def spread(tensors):
+    """Largest difference between this rank's tensors and rank 0's, over all ranks."""
+    mine = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    largest = (mine - rank0).abs().max()
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return largest.item()
+
+
+def say(runtime, *lines):
+    if runtime.is_main:
+        print("\n".join(lines), flush=True)
+
+
+def demo_devices(runtime, args):
+    """Each process takes the GPU numbered by its LOCAL rank (set_device before init)."""
+    mine = {"rank": runtime.rank, "local_rank": runtime.local_rank, "device": str(runtime.device)}
+    if runtime.device.type == "cuda":
+        mine["current_cuda_device"] = torch.cuda.current_device()
+    everyone = gather(mine)
+    say(runtime, *(f"rank {r['rank']}: local rank {r['local_rank']}, device {r['device']}"
+                   + (f", torch.cuda.current_device() = {r['current_cuda_device']}" if "current_cuda_device" in r else "")
+                   for r in everyone))
+    return everyone
+
+
+def demo_broadcast(runtime, args):
+    """DDP's constructor copies rank 0's parameters and buffers to every rank."""
+    torch.manual_seed(args.seed + runtime.rank)  # a different initialisation on every rank, on purpose
+    model = models.Net(dropout=False).to(runtime.device)
+    before = spread(model.parameters())
+    model = wrap(model, runtime)
+    after = spread(model.parameters())
+    say(runtime, f"before DDP(model): largest weight difference between ranks {before:.4f}",
+        f"after  DDP(model): largest weight difference between ranks {after:.4f}")
+    return {"before": before, "after": after}
+
+
+def demo_buckets(runtime, args):
+    """Record, in order, when each gradient is computed and when each bucket is all-reduced."""
+    torch.manual_seed(args.seed)
+    model = models.Net(dropout=False).to(runtime.device)
+    names = {id(param): name for name, param in model.named_parameters()}
+    events = []
+    for name, param in model.named_parameters():
+        param.register_hook(lambda grad, name=name: events.append(f"  gradient ready: {name}"))
+    model = wrap(model, runtime)
+
+    bucket_numels = []
+
+    def logged_allreduce(state, bucket):
+        """Note the bucket, then do exactly what DDP does by default: average it with all_reduce."""
+        members = ", ".join(names[id(p)] for p in bucket.parameters())
+        numbers = bucket.buffer().numel()
+        bucket_numels[-1].append(numbers)
+        events.append(f"  -> all_reduce of bucket {bucket.index()} started ({numbers:,} numbers: {members})")
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, logged_allreduce)
+    torch.manual_seed(args.seed + 1 + runtime.rank)  # each rank its own data
+    images = torch.randn(16, 1, 28, 28, device=runtime.device)
+    labels = torch.randint(0, 10, (16,), device=runtime.device)
+    steps = []
+    for step in (1, 2):
+        events.clear()
+        bucket_numels.append([])
+        F.nll_loss(model(images), labels).backward()
+        events.append("  backward() returned")
+        steps.append(list(events))
+        say(runtime, f"step {step}:", *events)
+    grads_equal = spread(p.grad for p in model.parameters())
+    say(runtime, f"after backward, largest gradient difference between ranks: {grads_equal:.1e}")
+    return {"steps": steps, "bucket_numels": bucket_numels, "gradient_spread": grads_equal,
+            "parameter_numels": {name: p.numel() for name, p in model.module.named_parameters()}}
+
+
+def demo_buffers(runtime, args):
+    """BatchNorm's running statistics are buffers: DDP broadcasts rank 0's before each forward."""
+    observed, lines = {}, []
+    for sync in (True, False):
+        torch.manual_seed(args.seed)
+        model = wrap(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)), runtime,
+                     forward_sync_buffers=sync)
+        batchnorm = model.module[1]
+        at_start = []
+        batchnorm.register_forward_pre_hook(lambda module, inputs: at_start.append(spread([module.running_mean])))
+        torch.manual_seed(args.seed + 1 + runtime.rank)  # each rank its own data, so its own statistics
+        for _ in range(2):
+            model(torch.randn(32, 4, device=runtime.device) + runtime.rank).sum().backward()
+        observed[f"forward_sync_buffers={sync}"] = at_start
+        lines.append(f"forward_sync_buffers={sync!s:<5}: ranks' running_mean differ by "
+                     f"{at_start[0]:.4f} when step 1's forward starts, by {at_start[1]:.4f} when step 2's starts")
+    say(runtime, *lines)
+    return observed
+
+
+class TwoHeads(nn.Module):
+    """A shared body and two heads; this forward uses head_a only, so head_b gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head_a = nn.Linear(8, 2)
+        self.head_b = nn.Linear(8, 2)
+
+    def forward(self, x, head="a"):
+        hidden = F.relu(self.body(x))
+        return self.head_a(hidden) if head == "a" else self.head_b(hidden)
+
+
+def train_steps(model, runtime, steps=3):
+    """Forward and backward on random data; returns how many steps completed."""
+    for step in range(steps):
+        try:
+            model(torch.randn(8, 4, device=runtime.device)).sum().backward()
+        except RuntimeError as error:
+            return step, str(error)
+    return steps, None
+
+
+def demo_unused(runtime, args):
+    torch.manual_seed(args.seed)
+    names = [name for name, _ in TwoHeads().named_parameters()]
+    done, error = train_steps(wrap(TwoHeads(), runtime), runtime)
+    result = {"default_steps": done, "error": error}
+    lines = [f"find_unused_parameters=False: {done} step(s) done, then:"]
+    if error:
+        first = error.split(". ")[0]
+        indices = next((line.split(":")[-1].split() for line in error.splitlines() if "did not receive grad" in line), [])
+        result["unused"] = [names[int(i)] for i in indices]
+        lines += [f"  RuntimeError: {first}.",
+                  f"  parameter indices that got no gradient: {' '.join(indices)} = {', '.join(result['unused'])}"]
+    done, error = train_steps(wrap(TwoHeads(), runtime, find_unused_parameters=True), runtime)
+    result["fixed_steps"], result["fixed_error"] = done, error
+    lines.append(f"find_unused_parameters=True:  {done} step(s) done" + (f", then: {error}" if error else ", no error"))
+    say(runtime, *lines)
+    return result
+
+
+def demo_prefix(runtime, args):
+    torch.manual_seed(args.seed)
+    model = wrap(models.Net(dropout=False), runtime)
+    wrapped_keys = list(model.state_dict())
+    plain = models.Net(dropout=False)
+    try:
+        plain.load_state_dict(model.state_dict())
+        wrong = "loaded (unexpected)"
+    except RuntimeError as error:
+        wrong = "RuntimeError: " + " ".join(str(error).split())[:110] + " ..."
+    right = str(plain.load_state_dict(model.module.state_dict()))
+    state = model.state_dict()
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    stripped = str(plain.load_state_dict(state))
+    if args.save_prefixed and runtime.is_main:
+        args.save_prefixed.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), args.save_prefixed)
+    distributed.barrier(runtime)  # nobody reads the file before rank 0 has written it
+    say(runtime, f"keys of ddp_model.state_dict():        {wrapped_keys[:3]} ...",
+        f"keys of ddp_model.module.state_dict(): {list(model.module.state_dict())[:3]} ...",
+        f"plain Net loads ddp_model.state_dict():        {wrong}",
+        f"plain Net loads ddp_model.module.state_dict(): {right}",
+        f"plain Net loads it after consume_prefix_in_state_dict_if_present(state, 'module.'): {stripped}")
+    return {"wrapped_keys": wrapped_keys, "wrong": wrong, "right": right, "stripped": stripped}
+
+
+def split_sections(output):
+    """{section name: its text} from this script's output; '' holds the lines before the first."""
+    sections, name = {"": []}, ""
+    for line in output.splitlines():
+        if line.startswith("== ") and line.endswith(" =="):
+            name = line[3:-3]
+            sections[name] = []
+        else:
+            sections[name].append(line)
+    return {key: "\n".join(lines) for key, lines in sections.items()}
+
+
+def main(argv=None):
+    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+    runtime = distributed.setup(args, process_group=True)
+    observed = {}
+    for name in args.demo:
+        say(runtime, f"== {name} ==")
+        observed[name] = globals()[f"demo_{name}"](runtime, args)
+    if args.json and runtime.is_main:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(observed, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,90 @@
+"""scripts/ddp_demos.py under torchrun (2 gloo processes): each demo observes what the
+notebook 04_ddp says DDP does."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddp_demos
+from core.models import Net
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demos")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(REPO / "scripts" / "ddp_demos.py"), "--device", "cpu",
+               "--json", str(folder / "demos.json"), "--save-prefixed", str(folder / "prefixed.pt")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, json.loads((folder / "demos.json").read_text()), folder / "prefixed.pt"
+
+
+def test_every_demo_prints_its_section(demos):
+    output, _, _ = demos
+    sections = ddp_demos.split_sections(output)
+    assert set(ddp_demos.DEMOS) <= set(sections)
+    assert all(sections[name].strip() for name in ddp_demos.DEMOS)
+
+
+def test_devices_follow_the_local_rank(demos):
+    _, observed, _ = demos
+    assert [(d["rank"], d["local_rank"], d["device"]) for d in observed["devices"]] == [(0, 0, "cpu"), (1, 1, "cpu")]
+
+
+def test_constructor_makes_the_weights_equal(demos):
+    _, observed, _ = demos
+    assert observed["broadcast"]["before"] > 0.01
+    assert observed["broadcast"]["after"] == 0.0
+
+
+def test_buckets_are_rebuilt_after_the_first_step(demos):
+    _, observed, _ = demos
+    buckets = observed["buckets"]
+    sizes = buckets["parameter_numels"]
+    assert buckets["bucket_numels"][0] == [sum(sizes.values())]  # step 1: one bucket
+    assert buckets["bucket_numels"][1] == [sum(sizes[n] for n in ("fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight")),
+                                           sum(sizes[n] for n in ("conv2.weight", "conv2.bias", "conv1.weight", "conv1.bias"))]
+    step2 = buckets["steps"][1]
+    first_allreduce = next(i for i, event in enumerate(step2) if "all_reduce" in event)
+    last_gradient = max(i for i, event in enumerate(step2) if "gradient ready" in event)
+    assert first_allreduce < last_gradient  # communication starts while backward still runs
+    assert buckets["gradient_spread"] == 0.0
+
+
+def test_buffers_are_broadcast_at_each_forward(demos):
+    _, observed, _ = demos
+    assert observed["buffers"]["forward_sync_buffers=True"] == [0.0, 0.0]
+    without = observed["buffers"]["forward_sync_buffers=False"]
+    assert without[0] == 0.0 and without[1] > 0.01
+
+
+def test_unused_parameter_fails_on_the_next_step_until_found(demos):
+    _, observed, _ = demos
+    unused = observed["unused"]
+    assert unused["default_steps"] == 1
+    assert "find_unused_parameters=True" in unused["error"]
+    assert unused["unused"] == ["head_b.weight", "head_b.bias"]
+    assert unused["fixed_steps"] == 3 and unused["fixed_error"] is None
+
+
+def test_module_prefix(demos):
+    _, observed, prefixed = demos
+    prefix = observed["prefix"]
+    assert all(key.startswith("module.") for key in prefix["wrapped_keys"])
+    assert prefix["wrong"].startswith("RuntimeError: Error(s) in loading state_dict for Net")
+    assert prefix["right"] == prefix["stripped"] == "<All keys matched successfully>"
+    state = torch.load(prefixed, map_location="cpu", weights_only=True)
+    assert all(key.startswith("module.") for key in state)
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "module.")
+    Net(dropout=False).load_state_dict(state)
+
+
+def test_split_sections():
+    text = "setup line\n== a ==\none\ntwo\n== b ==\nthree"
+    assert ddp_demos.split_sections(text) == {"": "setup line", "a": "one\ntwo", "b": "three"}

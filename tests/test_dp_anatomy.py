@@ -1,0 +1,55 @@
+"""scripts/dp_anatomy.py: the four DataParallel stages, done by hand on one device, compute what
+nn.DataParallel computes: the same outputs, and the gradient of the whole batch."""
+import torch
+import torch.nn.functional as F
+
+import dp_anatomy
+from core.models import Net
+
+
+def test_scatter_cuts_chunks_like_tensor_chunk():
+    batch = torch.arange(100)
+    assert [len(chunk) for chunk in dp_anatomy.scatter(batch, 3)] == [34, 34, 32]
+    assert [len(chunk) for chunk in dp_anatomy.scatter(batch[:3], 4)] == [1, 1, 1]  # one GPU idle
+    assert torch.equal(torch.cat(dp_anatomy.scatter(batch, 3)), batch)
+
+
+def test_replicas_are_differentiable_copies():
+    torch.manual_seed(0)
+    model = Net(dropout=False)
+    replicas = dp_anatomy.replicate(model, 2)
+    for replica in replicas:
+        for (name, original), copied in zip(model.named_parameters(), replica.state_dict().values()):
+            assert torch.equal(original, copied), name
+    # The copies are not leaves: they have a grad_fn, through which gradients flow back to `model`.
+    assert all(copied.grad_fn is not None for copied in replicas[0].parameters())
+
+
+def test_by_hand_step_gives_the_whole_batch_gradient():
+    torch.manual_seed(0)
+    model = Net(dropout=False)
+    images, labels = torch.randn(10, 1, 28, 28), torch.randint(0, 10, (10,))
+    output = dp_anatomy.data_parallel_forward(model, images, n=3)
+    assert (output - model(images)).abs().max() < 1e-6
+    F.nll_loss(output, labels).backward()
+    by_hand = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    F.nll_loss(model(images), labels).backward()
+    for name, grad in zip([n for n, _ in model.named_parameters()], by_hand):
+        assert torch.allclose(grad, dict(model.named_parameters())[name].grad, atol=1e-6), name
+
+
+def test_errors_in_a_thread_reach_the_caller():
+    replicas = [torch.nn.Linear(3, 2)]
+    try:
+        dp_anatomy.parallel_apply(replicas, [torch.randn(2, 5)])
+    except RuntimeError:
+        return
+    raise AssertionError("a shape error inside a replica's thread was swallowed")
+
+
+def test_gil_speedups_reports_both_workloads():
+    speedups = dp_anatomy.gil_speedups(repeats=2)
+    assert set(speedups) == {"python-bound", "compute-bound"}
+    assert all(value > 0 for value in speedups.values())
+    assert torch.get_num_threads() >= 1
