@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node=2 scripts/collectives_demo.py
     torchrun --nproc-per-node=2 scripts/collectives_demo.py --device cpu --backend gloo
+    torchrun --nproc-per-node=2 scripts/collectives_demo.py --time-averaging
 
 Every rank starts with different numbers and calls the same collective; the
 output shows what each rank held before and after:
@@ -17,15 +18,25 @@ Each rank sends its before/after values to rank 0 (with all_gather_object,
 itself a collective), and rank 0 alone prints them, in rank order. If every
 rank printed its own lines, they would interleave in a different order on
 every run.
+
+--time-averaging times the two gradient-averaging functions of step 2
+(scripts/train_allreduce.py), one all_reduce per parameter tensor against one
+all_reduce of a flat bucket, on the Net's 8 gradient tensors and on a model of
+the same size cut into 160 tensors (as many as ResNet-50 has). Every call pays
+a fixed latency, so many small messages cost more than one large one.
 """
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from core import cli, distributed
+from torch import nn
+
+from core import cli, distributed, models
+from train_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
 
 def parse_args(argv=None):
@@ -36,6 +47,9 @@ def parse_args(argv=None):
                         help="auto: nccl with CUDA, gloo on CPU")
     parser.add_argument("--timeout", type=cli.positive_int, default=60, help="seconds a collective may wait")
     parser.add_argument("--json", type=Path, default=None, help="rank 0 also writes what every rank held here")
+    parser.add_argument("--time-averaging", action="store_true",
+                        help="instead of the demo, time per-parameter against bucketed gradient averaging")
+    parser.add_argument("--repeats", type=cli.positive_int, default=20, help="timed calls per averaging function")
     return parser.parse_args(argv)
 
 
@@ -111,6 +125,49 @@ def report(identities, results):
     return "\n".join(lines)
 
 
+def many_tensor_model(tensors=160, width=122):
+    """Linear layers with as many parameter tensors as ResNet-50 (161), about the Net's size in floats."""
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(tensors // 2)])
+
+
+def time_averaging(device, repeats):
+    """Milliseconds per call of each averaging function, for two models: {model: {mode: ms}}."""
+    timings = {}
+    for name, model in [("Net", models.Net()), ("160 tensors", many_tensor_model())]:
+        model = model.to(device)
+        for param in model.parameters():
+            param.grad = torch.randn_like(param)
+        row = {"tensors": len(list(model.parameters())), "floats": sum(p.numel() for p in model.parameters())}
+        for mode, average in [("per-parameter", average_gradients_per_parameter),
+                              ("bucket", average_gradients_bucket)]:
+            for _ in range(3):  # warm-up: the first calls set up connections and buffers
+                average(model)
+            synchronize(device)
+            started = time.perf_counter()
+            for _ in range(repeats):
+                average(model)
+            synchronize(device)
+            row[mode] = max(gather_to_all((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
+        timings[name] = row
+    return timings
+
+
+def synchronize(device):
+    """Wait for every rank (and, on a GPU, for the queued kernels) before reading the clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+
+
+def report_timings(timings, world_size, backend):
+    lines = [f"gradient averaging across {world_size} rank(s), backend {backend}: milliseconds per call",
+             f"{'model':<13}{'tensors':>8}{'floats':>11}{'per-parameter':>15}{'bucket':>9}{'ratio':>8}"]
+    for name, row in timings.items():
+        lines.append(f"{name:<13}{row['tensors']:>8}{row['floats']:>11,}{row['per-parameter']:>12.2f} ms"
+                     f"{row['bucket']:>6.2f} ms{row['per-parameter'] / row['bucket']:>7.1f}x")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
     rank, local_rank, world_size, local_world_size = distributed.process_layout()
@@ -120,6 +177,15 @@ def main(argv=None):
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL and all_gather_object use this GPU
     distributed.init_process_group(backend, rank, world_size, args.timeout)
+
+    if args.time_averaging:
+        timings = time_averaging(device, args.repeats)
+        if rank == 0:
+            print(report_timings(timings, world_size, backend), flush=True)
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({"world_size": world_size, "timings_ms": timings}, indent=2) + "\n")
+        return
 
     identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
                 "local_world_size": local_world_size, "device": str(device), "backend": dist.get_backend()}

@@ -57,3 +57,18 @@ def test_only_rank_0_prints_in_rank_order(two_ranks):
     assert stdout.count("who is who") == 1
     assert "  rank 0  before [1, 10, 100]  after [3, 30, 300]\n  rank 1  before [2, 20, 200]  after [3, 30, 300]" in stdout
     assert "  rank 1  before [10, 11]  after [[0, 1], [10, 11]]" in stdout
+
+
+def test_time_averaging_times_both_functions_on_both_models(tmp_path):
+    record = tmp_path / "timings.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(REPO / "scripts" / "collectives_demo.py"), "--device", "cpu", "--backend", "gloo",
+               "--time-averaging", "--repeats", "2", "--json", str(record)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    timings = json.loads(record.read_text())["timings_ms"]
+    assert timings["Net"]["tensors"] == 8 and timings["Net"]["floats"] == 1_199_882
+    assert timings["160 tensors"]["tensors"] == 160
+    for row in timings.values():
+        assert row["per-parameter"] > 0 and row["bucket"] > 0
+    assert "milliseconds per call" in done.stdout

@@ -3,7 +3,8 @@
 - ``torchrun``: start a script in several processes from a notebook cell, the way a
   terminal would (``mp.spawn`` of functions defined in a notebook cannot be pickled);
 - ``show_diff``: print the diff between two scripts, which is the lesson of a step;
-- ``read_record``: load the JSON record a run wrote.
+- ``read_record``: load the JSON record a run wrote;
+- ``save_figure``: save a figure under ``figs/`` of the repository.
 """
 import difflib
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 from .cli import REPO
 
 SCRIPTS = REPO / "scripts"
+FIGS = REPO / "figs"
 
 
 def torchrun(script, *args, nproc=2, timeout=600, echo=True):
@@ -57,3 +59,13 @@ def show_diff(before, after):
 
 def read_record(results_dir, run_name):
     return json.loads((Path(results_dir) / f"{run_name}.json").read_text())
+
+
+def save_figure(fig, name):
+    """Save a matplotlib figure as ``figs/<name>`` and say where, relative to the repository.
+
+    No "Software" stamp in the PNG, so a rerun with the same numbers writes the same file.
+    """
+    FIGS.mkdir(exist_ok=True)
+    fig.savefig(FIGS / name, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    print(f"saved figs/{name}")
