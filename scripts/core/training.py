@@ -10,7 +10,7 @@ from torch.optim.lr_scheduler import StepLR
 from tqdm import tqdm
 
 from . import reporting
-from .data import as_tensors
+from .data import as_tensors, evaluation_shard
 from .distributed import unwrap
 
 DEFAULT_LR = {"adadelta": 1.0, "adam": 2e-3, "sgd": 0.05}
@@ -69,7 +69,7 @@ class TestSet:
 
     def __init__(self, dataset, runtime):
         images, labels = as_tensors(dataset)
-        shard = slice(runtime.rank, None, runtime.world_size)
+        shard = torch.as_tensor(evaluation_shard(dataset, runtime.rank, runtime.world_size).indices)
         self.images, self.labels = images[shard].to(runtime.device), labels[shard].to(runtime.device)
         self.size = len(dataset)
 

@@ -1,0 +1,48 @@
+"""The course's central claim: W processes with batch B train exactly like one process
+with batch W x B, for the hand-written all_reduce (both modes) and for DDP.
+
+Dropout is off in these runs (verify_equivalence.py turns it off): its random masks
+would differ between one process and two, whatever the seeds.
+"""
+import pytest
+
+from conftest import assert_ok, read_json, run_torchrun
+
+AVERAGED = ["per-parameter", "bucket", "ddp"]
+
+
+@pytest.fixture(scope="module", params=["adadelta", "sgd"])
+def differences(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("equivalence") / "differences.json"
+    done = run_torchrun("verify_equivalence.py", "--steps", 5, "--batch-size", 32,
+                        "--optimizer", request.param, "--json", out)
+    assert_ok(done)
+    return read_json(out)
+
+
+def test_run_compares_two_ranks_of_32_with_one_process_of_64(differences):
+    assert differences["world_size"] == 2 and differences["batch_size"] == 32 and differences["steps"] == 5
+
+
+@pytest.mark.parametrize("method", AVERAGED)
+def test_gradients_after_one_step_match_one_process(differences, method):
+    assert differences["differences"][method]["gradient_step1"] < 1e-6
+
+
+@pytest.mark.parametrize("method", AVERAGED)
+def test_weights_match_one_process_after_one_and_after_five_steps(differences, method):
+    per_step = differences["differences"][method]["weights_per_step"]
+    assert len(per_step) == 5
+    assert per_step[0] < 1e-6 and per_step[-1] < 1e-6
+
+
+@pytest.mark.parametrize("method", AVERAGED)
+def test_replicas_stay_identical_across_ranks(differences, method):
+    assert differences["ranks_apart"][method] == 0.0
+
+
+def test_the_comparison_can_fail_without_averaging(differences):
+    """The control: skipping the average must be caught, or the checks above prove nothing."""
+    control = differences["differences"]["no-averaging"]
+    assert control["gradient_step1"] > 1e-3 and control["weights_per_step"][-1] > 1e-4
+    assert differences["ranks_apart"]["no-averaging"] > 1e-4
