@@ -1,0 +1,114 @@
+"""The sbatch job scripts, submitted to a real Slurm.
+
+.ci/start_slurm.sh installs Debian's slurm-wlm and munge and starts a Slurm whose
+partition has two nodes, both this machine (each its own slurmd), so even the 2-node
+job runs for real: srun starts scripts/launch.py on each node, and the two torchruns
+meet over c10d. On the command line, sbatch overrides the #SBATCH lines this machine
+cannot satisfy (partition, GPUs, CPUs, memory), as a user at another site would.
+Skipped only where Slurm is not installed.
+"""
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from cluster_helpers import JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("sbatch") is None,
+    reason="Slurm is not installed (no sbatch on PATH); `sudo bash .ci/start_slurm.sh` installs and starts one",
+)
+
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+WAIT_SECONDS = 600
+
+
+def slurm(*command, timeout=30):
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def default_partition():
+    """The default partition (sinfo marks it with '*') and the CPUs of its smallest node."""
+    rows = [line.split() for line in slurm("sinfo", "-h", "-o", "%P %c").stdout.splitlines()]
+    for name, cpus in rows:
+        if name.endswith("*"):
+            return name.rstrip("*"), int(cpus.rstrip("+"))
+    raise AssertionError(f"no default partition in sinfo: {rows}")
+
+
+def job_state(job_id):
+    text = slurm("scontrol", "show", "job", "-o", job_id).stdout
+    state = re.search(r"JobState=(\S+)", text)
+    exit_code = re.search(r"ExitCode=(\S+)", text)
+    return (state.group(1) if state else "UNKNOWN"), (exit_code.group(1) if exit_code else "?")
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory):
+    """Submit every sbatch job (plus one that must fail) at once; wait until all are done."""
+    if "UP" not in slurm("scontrol", "ping").stdout:
+        pytest.fail("Slurm is installed but its controller does not answer; start it: sudo bash .ci/start_slurm.sh")
+    partition, node_cpus = default_partition()
+    cpus = min(2, node_cpus)
+    # This machine's answers to the #SBATCH lines written for a GPU cluster.
+    overrides = [f"--partition={partition}", "--gres=none", "--mem=0", f"--cpus-per-task={cpus}", "--time=10"]
+    out = tmp_path_factory.mktemp("slurm")
+    jobs = {}
+    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch"))] + ["failing"]:
+        script = "01_baseline" if step == "failing" else step
+        env = clean_environment()
+        env["COURSE_ARGS"] = f"{SHORT_RUN} --results-dir {out} --run-name {step}" + (" --epochs 0" if step == "failing" else "")
+        result = subprocess.run(
+            ["sbatch", "--parsable", *overrides, f"--job-name=test-{step}", f"--output={out}/{step}-%j.out",
+             f"job_scripts/{script}.sbatch"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, f"sbatch {script}.sbatch: {result.stderr}"
+        jobs[step] = result.stdout.strip().split(";")[0]
+
+    deadline = time.monotonic() + WAIT_SECONDS
+    states = {}
+    while time.monotonic() < deadline:
+        states = {step: job_state(job_id) for step, job_id in jobs.items()}
+        if all(state in DONE for state, _ in states.values()):
+            break
+        time.sleep(1)
+    else:
+        slurm("scancel", *jobs.values())
+        pytest.fail(f"Slurm jobs not done after {WAIT_SECONDS} s: {states}")
+    logs = {step: "\n".join(path.read_text() for path in out.glob(f"{step}-*.out")) for step in jobs}
+    return {"out": out, "cpus": cpus, "states": states, "logs": logs, "jobs": jobs}
+
+
+EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
+    "01_baseline": ("train_single", lambda c: 1),
+    "02_allreduce": ("train_allreduce", lambda c: min(c, 4)),
+    "03_data_parallel": ("train_dp", lambda c: 1),
+    "04_ddp": ("train_ddp", lambda c: min(c, 4)),
+    "04_ddp_2nodes": ("train_ddp", lambda c: 2 * min(c, 4)),
+}
+
+
+@pytest.mark.parametrize("step", sorted(EXPECTED))
+def test_sbatch_job_completes_and_writes_its_record(submitted, step):
+    state, exit_code = submitted["states"][step]
+    log = submitted["logs"][step]
+    assert (state, exit_code) == ("COMPLETED", "0:0"), f"job {submitted['jobs'][step]}: {state} {exit_code}\n{log}"
+    assert "== job " in log and "== torch " in log and "== exit status 0" in log
+    script, world_size = EXPECTED[step]
+    record = read_record(submitted["out"] / f"{step}.json")
+    assert (record["script"], record["world_size"]) == (script, world_size(submitted["cpus"]))
+
+
+def test_two_node_sbatch_job_starts_one_launcher_per_node(submitted):
+    log = submitted["logs"]["04_ddp_2nodes"]
+    assert "node 0 of 2" in log and "node 1 of 2" in log, log
+    assert "rendezvous c10d at" in log
+    assert f"pre-flight all_reduce ok: {2 * min(submitted['cpus'], 4)} rank(s)" in log
+
+
+def test_a_failing_sbatch_job_fails(submitted):
+    state, exit_code = submitted["states"]["failing"]
+    assert state == "FAILED" and exit_code != "0:0", submitted["logs"]["failing"]
