@@ -11,11 +11,16 @@ course_fail() {
 # shellcheck source=job_scripts/site.sh
 source job_scripts/site.sh
 
-# Extra arguments for the training script, from COURSE_ARGS (split at spaces, no quoting):
-#   qsub -v COURSE_ARGS="--epochs 1 --batch-size 128" job_scripts/04_ddp.pbs
+# Extra arguments, split at spaces (no quoting inside):
+#   COURSE_ARGS         for the training script: "--epochs 1 --batch-size 128"
+#   COURSE_LAUNCH_ARGS  for scripts/launch.py (jobs that use it): "--port 23456", "--nproc-per-node 1"
+# Pass them at submission:
+#   qsub -v COURSE_ARGS="--epochs 1",COURSE_LAUNCH_ARGS="--port 23456" job_scripts/04_ddp_2nodes.pbs
 #   COURSE_ARGS="--epochs 1" sbatch job_scripts/04_ddp.sbatch
 # shellcheck disable=SC2034  # used by the job scripts that source this file
 read -r -a COURSE_ARG_LIST <<<"${COURSE_ARGS:-}"
+# shellcheck disable=SC2034
+read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 
 # Load the modules and the Python environment named in site.sh.
 course_setup() {

@@ -2,7 +2,9 @@
 # One node's part of a multi-node PBS job. pbsdsh starts it on every node (see
 # 04_ddp_2nodes.pbs); it runs scripts/launch.py, which becomes this node's torchrun.
 #
-#   node_launch.sh COURSE_DIR JOB_ID JOB_DIR SCRIPT [SCRIPT_ARGS...]
+#   node_launch.sh COURSE_DIR JOB_ID JOB_DIR [LAUNCH_OPTIONS...] SCRIPT [SCRIPT_ARGS...]
+#
+# Everything after JOB_DIR goes to scripts/launch.py as it is.
 #
 # A pbsdsh task starts in the home directory, with the job's initial environment plus
 # PBS_NODENUM (this node's index), and nothing of what the job script did: no cd, no
@@ -10,7 +12,7 @@
 # JOB_DIR holds a copy of the node file and receives node<PBS_NODENUM>.status.
 set -euo pipefail
 if (($# < 4)); then
-    echo "usage: node_launch.sh COURSE_DIR JOB_ID JOB_DIR SCRIPT [SCRIPT_ARGS...]" >&2
+    echo "usage: node_launch.sh COURSE_DIR JOB_ID JOB_DIR [LAUNCH_OPTIONS...] SCRIPT [SCRIPT_ARGS...]" >&2
     exit 2
 fi
 course_dir=$1

@@ -367,6 +367,7 @@ def main(argv=None, env=None):
     except LaunchError as error:
         print(f"launch.py: error: {error}", file=sys.stderr, flush=True)
         return 2
+    print(f"launch.py: exec {shlex.join(command)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execv(command[0], command)  # torchrun takes over this process: its exit status is the job's
 

@@ -70,10 +70,11 @@ def test_pbs_resource_lines(path):
 
 # ---------------------------------------------------------------- running the PBS jobs
 
-def run_pbs_job(step, tmp_path, hosts=("localhost",), ncpus=2, extra_args="", job_id=None):
-    job_id = job_id or job_id_with_free_port(step.replace("_", "")[:8])
+def run_pbs_job(step, tmp_path, hosts=("localhost",), ncpus=2, extra_args="", launch_args=""):
+    job_id = job_id_with_free_port(step.replace("_", "")[:8])
     args = f"{SHORT_RUN} --results-dir {tmp_path} --run-name {step} {extra_args}".strip()
     env = pbs_environment(tmp_path, list(hosts), job_id, ncpus, args)
+    env["COURSE_LAUNCH_ARGS"] = launch_args
     # PBS starts a job in the home directory; the job must cd to PBS_O_WORKDIR itself.
     result = run_job(JOB_SCRIPTS / f"{step}.pbs", env, cwd=tmp_path)
     return result, tmp_path / f"{step}.json"
@@ -103,11 +104,14 @@ def test_single_node_pbs_job_trains(tmp_path, step, script, world_size):
 
 @pytest.fixture(scope="module")
 def two_node_and_one_node_runs(tmp_path_factory):
-    """The real 2-node job (2 loopback hosts x 2 processes) and 04_ddp.pbs with 4 processes."""
+    """The real 2-node job (2 loopback hosts x 2 processes) and 04_ddp.pbs with 4 processes.
+
+    Both also pass launcher options through COURSE_LAUNCH_ARGS: the 2-node job's cross pbsdsh.
+    """
     two = tmp_path_factory.mktemp("two_nodes")
     one = tmp_path_factory.mktemp("one_node")
-    return run_pbs_job("04_ddp_2nodes", two, hosts=("localhost", "127.0.0.1"), ncpus=2), \
-        run_pbs_job("04_ddp", one, ncpus=4)
+    return run_pbs_job("04_ddp_2nodes", two, hosts=("localhost", "127.0.0.1"), ncpus=2, launch_args="--join-timeout 120"), \
+        run_pbs_job("04_ddp", one, ncpus=2, launch_args="--nproc-per-node 4")
 
 
 def test_two_node_pbs_job_rendezvous_and_trains(two_node_and_one_node_runs):
@@ -119,6 +123,7 @@ def test_two_node_pbs_job_rendezvous_and_trains(two_node_and_one_node_runs):
         assert f"node {node} of 2 (localhost, 127.0.0.1)" in log  # one launcher per node
         assert f"== node {node} (" in log and re.search(rf"== node {node} \(\S+\): exit status 0", log)
     assert "pre-flight all_reduce ok: 4 rank(s)" in log
+    assert log.count("join_timeout=120 scripts/train_ddp.py") == 2  # COURSE_LAUNCH_ARGS reached both nodes
     assert read_record(record_path)["world_size"] == 4
     assert not list(REPO.glob(".pbs_job.*")), "the job should remove its shared job folder"
 
