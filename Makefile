@@ -1,0 +1,40 @@
+# The course's two commands, `make run` and `make test`, plus what maintainers need.
+# Both create the virtual environment first when it is missing (pip, pinned versions).
+# With a conda environment already active (environment.yml), pass PY=python to use it.
+
+VENV   := .venv
+PY     ?= $(VENV)/bin/python
+# The venv is a prerequisite only when PY is the venv's own python.
+ENV    := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
+
+.PHONY: run test test-fast notebooks benchmark clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+## run: the whole course path (one process, all_reduce by hand, DataParallel, DDP) and a table
+run: $(ENV)
+	$(PY) scripts/run_course.py
+
+## test: the test suite and every notebook under strict nbval
+test: $(ENV)
+	$(PY) -m pytest $(NBVAL) tests notebooks
+
+## test-fast: the test suite without the notebooks and the slow accuracy run
+test-fast: $(ENV)
+	$(PY) -m pytest -m "not slow" tests
+
+## notebooks: re-execute every notebook in place and store its outputs (run before committing one)
+notebooks: $(ENV)
+	cd notebooks && for nb in [0-9]*.ipynb; do \
+		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
+
+## benchmark: time to 95% test accuracy, the seed recipe against the course's
+benchmark: $(ENV)
+	$(PY) benchmarks/time_to_accuracy.py --repeats 3
+
+clean:
+	rm -rf results checkpoints .pytest_cache
