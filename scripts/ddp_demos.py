@@ -123,7 +123,26 @@ def demo_buckets(runtime, args):
     grads_equal = spread(p.grad for p in model.parameters())
     say(runtime, f"after backward, largest gradient difference between ranks: {grads_equal:.1e}")
     return {"steps": steps, "bucket_numels": bucket_numels, "gradient_spread": grads_equal,
-            "parameter_numels": {name: p.numel() for name, p in model.module.named_parameters()}}
+            "parameter_numels": {name: p.numel() for name, p in model.module.named_parameters()},
+            "explicit_cap_25_numels": rebuilt_bucket_numels(runtime, args, bucket_cap_mb=25)}
+
+
+def rebuilt_bucket_numels(runtime, args, **options):
+    """The bucket sizes (in numbers) DDP uses from step 2 on, for these DDP options."""
+    torch.manual_seed(args.seed)
+    model = wrap(models.Net(dropout=False), runtime, **options)
+    numels = []
+
+    def note(state, bucket):
+        numels.append(bucket.buffer().numel())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, note)
+    images = torch.randn(4, 1, 28, 28, device=runtime.device)
+    for _ in range(2):
+        numels.clear()
+        model(images).sum().backward()
+    return numels
 
 
 def demo_buffers(runtime, args):

@@ -55,6 +55,7 @@ def test_buckets_are_rebuilt_after_the_first_step(demos):
     last_gradient = max(i for i, event in enumerate(step2) if "gradient ready" in event)
     assert first_allreduce < last_gradient  # communication starts while backward still runs
     assert buckets["gradient_spread"] == 0.0
+    assert buckets["explicit_cap_25_numels"] == [sum(sizes.values())]  # an explicit cap replaces the 1 MiB first one
 
 
 def test_buffers_are_broadcast_at_each_forward(demos):
