@@ -100,7 +100,12 @@ PartitionName=course Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE 
 EOF
 )
 
-pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# Is the daemon of this pid file running? (The pid is checked to be a Slurm daemon: after a
+# restart of the machine an old pid file may name some other process.)
+pid_alive() {
+    local pid
+    [[ -s $1 ]] && pid=$(cat "$1") && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == slurm* ]]
+}
 daemon_pidfiles=(/run/slurmctld-course.pid)
 for node in "${NODES[@]}"; do daemon_pidfiles+=("/run/slurmd-course-$node.pid"); done
 
@@ -109,9 +114,10 @@ if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]]; then
     # A changed configuration: stop the daemons this script started before (by their pid files).
     for pidfile in "${daemon_pidfiles[@]}"; do
         if pid_alive "$pidfile"; then
-            say "stopping pid $(cat "$pidfile") ($pidfile) for the new configuration"
-            kill "$(cat "$pidfile")"
-            for _ in $(seq 50); do pid_alive "$pidfile" || break; sleep 0.2; done
+            pid=$(cat "$pidfile")
+            say "stopping pid $pid ($pidfile) for the new configuration"
+            kill "$pid"
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
         fi
     done
     mkdir -p "$(dirname "$CONF")"
