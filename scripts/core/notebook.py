@@ -37,7 +37,7 @@ def python(script, *args, timeout=600, echo=True):
 def run_and_check(command, script, timeout, echo):
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     output = done.stdout + strip_launcher_banner(done.stderr)
-    if echo:
+    if echo or done.returncode != 0:  # a failed run always shows why
         print(output.rstrip())
     if done.returncode != 0:
         raise RuntimeError(f"{script} exited with status {done.returncode}")
