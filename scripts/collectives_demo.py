@@ -45,6 +45,7 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                         help="auto: nccl with CUDA, gloo on CPU")
     parser.add_argument("--timeout", type=cli.positive_int, default=60, help="seconds a collective may wait")
+    parser.add_argument("--threads", type=cli.positive_int, default=1, help="CPU threads per process (default: 1)")
     parser.add_argument("--json", type=Path, default=None, help="rank 0 also writes what every rank held here")
     parser.add_argument("--time-averaging", action="store_true",
                         help="instead of the demo, time per-parameter against bucketed gradient averaging")
@@ -175,7 +176,7 @@ def main(argv=None):
     rank, local_rank, world_size, local_world_size = distributed.process_layout()
     device = distributed.pick_device(args.device, local_rank, local_world_size)
     backend = distributed.pick_backend(args.backend, device)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL and all_gather_object use this GPU
     distributed.init_process_group(backend, rank, world_size, args.timeout)
