@@ -5,7 +5,9 @@
 
 Steps: one process; gradients averaged by hand (per parameter, then one bucket);
 DataParallel; DDP. The distributed steps use every local GPU, or 2 processes on a
-machine without one. Extra arguments after `--` go to every step.
+machine without one. --batch-size is per process, as in every script, so the
+distributed steps train with a larger global batch (the "batch" column).
+Extra arguments after `--` go to every step.
 """
 import argparse
 
@@ -35,13 +37,15 @@ def run_step(label, script, distributed, extra, args, index):
 
 
 def table(rows):
-    header = f"{'step':<28}{'procs':>6}{'device':>8}{'s/epoch':>9}{'samples/s':>11}{'total s':>9}{'test acc':>10}"
+    header = (f"{'step':<28}{'procs':>6}{'device':>8}{'batch':>7}{'s/epoch':>9}{'samples/s':>11}"
+              f"{'total s':>9}{'test acc':>10}")
     lines = [header, "-" * len(header)]
     for label, record in rows:
         epochs = record["per_epoch"]
         seconds = sum(e["seconds"] for e in epochs) / len(epochs)
         throughput = sum(e["samples_per_second"] for e in epochs) / len(epochs)
-        lines.append(f"{label:<28}{record['world_size']:>6}{record['device'].split(':')[0]:>8}{seconds:>9.2f}"
+        lines.append(f"{label:<28}{record['world_size']:>6}{record['device'].split(':')[0]:>8}"
+                     f"{record['global_batch_size']:>7}{seconds:>9.2f}"
                      f"{throughput:>11,.0f}{record['total_seconds']:>9.1f}{record['final_test_accuracy']:>10.2%}")
     return "\n".join(lines)
 
