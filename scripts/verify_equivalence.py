@@ -115,9 +115,9 @@ def report(table, spreads, args, world_size):
 def main(argv=None):
     args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
     runtime = distributed.setup(args, process_group=True)
-    if len(data.load_datasets(args.dataset, args.data_dir)[0]) < args.steps * args.batch_size * runtime.world_size:
-        raise CourseError("not enough training samples for that many --steps; lower --steps or --batch-size")
     train_set, _ = data.load_datasets(args.dataset, args.data_dir)
+    if len(train_set) < args.steps * args.batch_size * runtime.world_size:
+        raise CourseError("not enough training samples for that many --steps; lower --steps or --batch-size")
     initial = models.build_model(args).to(runtime.device)
     results = run_all(initial, train_set, runtime, args)
     table = differences(results)
