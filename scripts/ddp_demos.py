@@ -49,16 +49,6 @@ def gather(value):
     return values
 
 
-def spread(tensors):
-    """Largest difference between this rank's tensors and rank 0's, over all ranks."""
-    mine = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-    rank0 = mine.clone()
-    dist.broadcast(rank0, src=0)
-    largest = (mine - rank0).abs().max()
-    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return largest.item()
-
-
 def say(runtime, *lines):
     if runtime.is_main:
         print("\n".join(lines), flush=True)
@@ -80,9 +70,9 @@ def demo_broadcast(runtime, args):
     """DDP's constructor copies rank 0's parameters and buffers to every rank."""
     torch.manual_seed(args.seed + runtime.rank)  # a different initialisation on every rank, on purpose
     model = models.Net(dropout=False).to(runtime.device)
-    before = spread(model.parameters())
+    before = distributed.largest_difference_from_rank0(model.parameters())
     model = wrap(model, runtime)
-    after = spread(model.parameters())
+    after = distributed.largest_difference_from_rank0(model.parameters())
     say(runtime, f"before DDP(model): largest weight difference between ranks {before:.4f}",
         f"after  DDP(model): largest weight difference between ranks {after:.4f}")
     return {"before": before, "after": after}
@@ -120,7 +110,7 @@ def demo_buckets(runtime, args):
         events.append("  backward() returned")
         steps.append(list(events))
         say(runtime, f"step {step}:", *events)
-    grads_equal = spread(p.grad for p in model.parameters())
+    grads_equal = distributed.largest_difference_from_rank0(p.grad for p in model.parameters())
     say(runtime, f"after backward, largest gradient difference between ranks: {grads_equal:.1e}")
     return {"steps": steps, "bucket_numels": bucket_numels, "gradient_spread": grads_equal,
             "parameter_numels": {name: p.numel() for name, p in model.module.named_parameters()},
@@ -153,8 +143,12 @@ def demo_buffers(runtime, args):
         model = wrap(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)), runtime,
                      forward_sync_buffers=sync)
         batchnorm = model.module[1]
-        at_start = []
-        batchnorm.register_forward_pre_hook(lambda module, inputs: at_start.append(spread([module.running_mean])))
+        at_start = []  # how far apart the ranks' running means are as each forward starts
+
+        def record(module, inputs, at_start=at_start):
+            at_start.append(distributed.largest_difference_from_rank0([module.running_mean]))
+
+        batchnorm.register_forward_pre_hook(record)
         torch.manual_seed(args.seed + 1 + runtime.rank)  # each rank its own data, so its own statistics
         for _ in range(2):
             model(torch.randn(32, 4, device=runtime.device) + runtime.rank).sum().backward()

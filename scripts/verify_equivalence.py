@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
@@ -95,15 +94,6 @@ def differences(results):
     return table
 
 
-def spread_across_ranks(weights):
-    """Largest difference between this rank's final weights and rank 0's."""
-    reference = weights.clone()
-    dist.broadcast(reference, src=0)
-    spread = (weights - reference).abs().max()
-    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-    return spread.item()
-
-
 def report(table, spreads, args, world_size):
     print(f"max |difference| from one process on the global batch ({world_size} x {args.batch_size}), "
           f"optimizer {args.optimizer}, {args.steps} step(s):")
@@ -121,7 +111,7 @@ def main(argv=None):
     initial = models.build_model(args).to(runtime.device)
     results = run_all(initial, train_set, runtime, args)
     table = differences(results)
-    spreads = {method: spread_across_ranks(results[method][1][-1]) for method in table}
+    spreads = {method: distributed.largest_difference_from_rank0([results[method][1][-1]]) for method in table}
     worst = max(max(table[m]["gradient_step1"], *table[m]["weights_per_step"], spreads[m]) for m in AVERAGED)
     if runtime.is_main:
         report(table, spreads, args, runtime.world_size)

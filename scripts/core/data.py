@@ -13,6 +13,7 @@ process sees in which order:
 - ``torch.utils.data.DataLoader`` with per-sample transforms, workers and
   pin_memory: the general route, and the one the notebooks compare against.
 """
+import math
 from pathlib import Path
 
 import torch
@@ -73,7 +74,7 @@ class TensorBatches:
         self.sampler, self.batch_size = sampler, batch_size
 
     def __len__(self):
-        return -(-len(self.sampler) // self.batch_size)  # ceiling: the last batch may be short
+        return math.ceil(len(self.sampler) / self.batch_size)  # the last batch may be short
 
     def __iter__(self):
         order = torch.tensor(list(self.sampler), device=self.images.device)

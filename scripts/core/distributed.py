@@ -176,6 +176,20 @@ def unwrap(model):
     return getattr(model, "module", model)
 
 
+def largest_difference_from_rank0(tensors):
+    """How far this rank's tensors are from rank 0's, as the maximum over every rank.
+
+    0.0 means every replica holds exactly rank 0's values: the check that data-parallel
+    replicas are still in sync. A collective: every rank must call it.
+    """
+    mine = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    largest = (mine - rank0).abs().max()
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return largest.item()
+
+
 def barrier(runtime):
     if runtime.backend is not None:
         dist.barrier()
