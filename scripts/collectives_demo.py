@@ -50,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--time-averaging", action="store_true",
                         help="instead of the demo, time per-parameter against bucketed gradient averaging")
     parser.add_argument("--repeats", type=cli.positive_int, default=20, help="timed calls per averaging function")
+    parser.set_defaults(seed=0)
     return parser.parse_args(argv)
 
 
@@ -105,13 +106,6 @@ def show(values):
     return "[" + ", ".join(number(v) for v in values) + "]"
 
 
-def gather_to_all(value):
-    """Every rank's ``value`` (any picklable object), as a list indexed by rank."""
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
 def report(identities, results):
     lines = ["who is who"]
     for rank, who in enumerate(identities):
@@ -150,7 +144,7 @@ def time_averaging(device, repeats):
             for _ in range(repeats):
                 average(model)
             synchronize(device)
-            row[mode] = max(gather_to_all((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
+            row[mode] = max(distributed.gather_from_all_ranks((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
         timings[name] = row
     return timings
 
@@ -173,18 +167,14 @@ def report_timings(timings, world_size, backend):
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime = distributed.setup(args, process_group=True)  # the training scripts' set-up, pre-flight included
     rank, local_rank, world_size, local_world_size = distributed.process_layout()
-    device = distributed.pick_device(args.device, local_rank, local_world_size)
-    backend = distributed.pick_backend(args.backend, device)
-    torch.set_num_threads(args.threads)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before init: NCCL and all_gather_object use this GPU
-    distributed.init_process_group(backend, rank, world_size, args.timeout)
+    device = runtime.device
 
     if args.time_averaging:
         timings = time_averaging(device, args.repeats)
         if rank == 0:
-            print(report_timings(timings, world_size, backend), flush=True)
+            print(report_timings(timings, world_size, runtime.backend), flush=True)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"world_size": world_size, "timings_ms": timings}, indent=2) + "\n")
@@ -192,8 +182,8 @@ def main(argv=None):
 
     identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
                 "local_world_size": local_world_size, "device": str(device), "backend": dist.get_backend()}
-    identities = gather_to_all(identity)
-    results = {name: gather_to_all(demo(rank, device)) for name, demo, _ in DEMOS}
+    identities = distributed.gather_from_all_ranks(identity)
+    results = {name: distributed.gather_from_all_ranks(demo(rank, device)) for name, demo, _ in DEMOS}
 
     if rank == 0:
         print(report(identities, results), flush=True)

@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -42,13 +41,6 @@ def wrap(model, runtime, **options):
     return DDP(model.to(runtime.device), device_ids=device_ids, **options)
 
 
-def gather(value):
-    """The value of every rank, in rank order, on every rank."""
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
 def say(runtime, *lines):
     if runtime.is_main:
         print("\n".join(lines), flush=True)
@@ -59,7 +51,7 @@ def demo_devices(runtime, args):
     mine = {"rank": runtime.rank, "local_rank": runtime.local_rank, "device": str(runtime.device)}
     if runtime.device.type == "cuda":
         mine["current_cuda_device"] = torch.cuda.current_device()
-    everyone = gather(mine)
+    everyone = distributed.gather_from_all_ranks(mine)
     say(runtime, *(f"rank {r['rank']}: local rank {r['local_rank']}, device {r['device']}"
                    + (f", torch.cuda.current_device() = {r['current_cuda_device']}" if "current_cuda_device" in r else "")
                    for r in everyone))

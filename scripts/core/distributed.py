@@ -140,14 +140,20 @@ def preflight(runtime):
     ones = torch.ones(1, device=runtime.device)
     try:
         dist.all_reduce(ones)
-        hosts = [None] * runtime.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
+        hosts = gather_from_all_ranks(socket.gethostname())
     except (RuntimeError, dist.DistBackendError) as error:
         raise CourseError(f"pre-flight all_reduce failed on rank {runtime.rank}: {first_line(error)}") from None
     if int(ones.item()) != runtime.world_size:
         raise CourseError(f"pre-flight all_reduce summed to {int(ones.item())}, expected {runtime.world_size}")
     if runtime.is_main:
         print(f"pre-flight all_reduce ok: {describe_world(hosts)}", flush=True)
+
+
+def gather_from_all_ranks(value):
+    """Every rank's ``value`` (any picklable object), as a list indexed by rank, on every rank."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def describe_world(hosts):
