@@ -32,8 +32,10 @@ def build_parser(description):
     data = parser.add_argument_group("data and model")
     data.add_argument("--dataset", default="mnist5k", help="mnist5k (bundled, offline; default) or mnist (full, download first)")
     data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="where the data sets live (default: data/)")
-    data.add_argument("--model", default="net", help="net: the two-conv MNIST network (default)")
+    data.add_argument("--model", default="net", help="net: the two-conv MNIST network (default); net-bn: the same with BatchNorm")
     data.add_argument("--no-dropout", dest="dropout", action="store_false", help="turn the Net's dropout off (exact comparisons need it off)")
+    data.add_argument("--sync-bn", action="store_true",
+                      help="SyncBatchNorm: BatchNorm layers normalise with the statistics of the global batch, not this rank's")
     data.add_argument("--loader", choices=["tensor", "dataloader"], default="tensor",
                       help="tensor: whole data set in memory, batches by indexing (default); dataloader: per-sample transforms")
     data.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (dataloader route only)")

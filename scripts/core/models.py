@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import CourseError
+from . import CourseError, sync_batchnorm
 
 
 class Net(nn.Module):
@@ -32,12 +32,48 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
+class NetBN(nn.Module):
+    """The Net with BatchNorm after each convolution: a small model whose training depends on
+    the statistics of the batch, for SyncBatchNorm (``--model net-bn --sync-bn``).
+
+    The convolutions have no bias: BatchNorm subtracts the mean right after them, which
+    would cancel any bias, and adds its own.
+    """
+
+    def __init__(self, dropout=True):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.dropout1 = nn.Dropout(0.25 if dropout else 0.0)
+        self.dropout2 = nn.Dropout(0.5 if dropout else 0.0)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = self.dropout1(F.max_pool2d(x, 2))
+        x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))))
+        return self.fc2(x)
+
+
 MODELS = {"net": Net}
+
+# A small BatchNorm model of the course's own, for SyncBatchNorm and its tests.
+MODELS["net-bn"] = NetBN
 
 
 def build_model(args):
-    """The model ``--model`` names, initialised from ``--seed``: the same weights on every rank."""
+    """The model ``--model`` names, initialised from ``--seed``: the same weights on every rank.
+
+    With ``--sync-bn`` its BatchNorm layers become SyncBatchNorm (core/sync_batchnorm.py).
+    """
     if args.model not in MODELS:
         raise CourseError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
     torch.manual_seed(args.seed)
-    return MODELS[args.model](dropout=args.dropout)
+    model = MODELS[args.model](dropout=args.dropout)
+    if getattr(args, "sync_bn", False):
+        model = sync_batchnorm.convert(model, args.model)
+    return model
