@@ -22,11 +22,49 @@ read -r -a COURSE_ARG_LIST <<<"${COURSE_ARGS:-}"
 # shellcheck disable=SC2034
 read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 
-# Load the modules and the Python environment named in site.sh.
+# Load the modules and the Python environment named in site.sh, and remember what that
+# changed in the environment (COURSE_SETUP_CHANGED, COURSE_SETUP_REMOVED): a multi-node
+# job hands exactly that to its other nodes (course_save_setup).
 course_setup() {
+    local -A before=()
+    local name
+    for name in $(compgen -e); do before[$name]=${!name}; done
     site_load_modules
     site_activate_python
     command -v python >/dev/null || course_fail "no python on PATH after the setup in job_scripts/site.sh"
+    COURSE_PYTHON=$(command -v python)
+    export COURSE_PYTHON
+    COURSE_SETUP_CHANGED=() COURSE_SETUP_REMOVED=()
+    for name in $(compgen -e); do
+        case $name in _ | PWD | OLDPWD | SHLVL) continue ;; esac
+        [[ -v "before[$name]" && ${before[$name]} == "${!name}" ]] || COURSE_SETUP_CHANGED+=("$name")
+    done
+    for name in "${!before[@]}"; do
+        [[ -v $name ]] || COURSE_SETUP_REMOVED+=("$name")
+    done
+}
+
+# Write what course_setup changed, and the umask, as a script that another node sources.
+course_save_setup() {
+    local name
+    {
+        echo "# The environment job_scripts/site.sh set up in the job shell on $(hostname)."
+        for name in "${COURSE_SETUP_CHANGED[@]}"; do printf 'export %s=%q\n' "$name" "${!name}"; done
+        for name in "${COURSE_SETUP_REMOVED[@]}"; do printf 'unset %s\n' "$name"; done
+        echo "umask $(umask)"
+    } > "$1"
+}
+
+# On another node: take over the job shell's setup, and check that its Python is here.
+course_load_setup() {
+    local expected
+    # shellcheck source=/dev/null
+    source "$1"
+    expected=${COURSE_PYTHON:?is not set in $1}
+    [[ -x $expected ]] ||
+        course_fail "$(hostname) cannot run $expected, the python the job shell set up: put the course's Python environment on a file system every node sees"
+    [[ $(command -v python) == "$expected" ]] ||
+        course_fail "python on $(hostname) is $(command -v python), not $expected as in the job shell; check PATH in job_scripts/site.sh"
 }
 
 # What a job log should start with: where it ran, on which GPUs, with which versions.

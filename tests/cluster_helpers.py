@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,3 +99,53 @@ def read_record(path):
 
 def shellcheck():
     return shutil.which("shellcheck")
+
+
+# ---------------------------------------------------------------- a real OpenPBS (.ci/start_pbs.sh)
+
+PBS_STATE = Path("/var/lib/course-pbs")  # where .ci/start_pbs.sh describes the PBS it started
+
+
+def pbs_setup():
+    """(what .ci/start_pbs.sh wrote about its PBS as a dict, None) or (None, why there is none)."""
+    if (PBS_STATE / "not-installed").exists():
+        return None, f"OpenPBS could not be installed here: {(PBS_STATE / 'not-installed').read_text().strip()}"
+    if not (PBS_STATE / "env").exists():
+        return None, "OpenPBS is not set up on this machine; `sudo bash .ci/start_pbs.sh` builds and starts one"
+    if os.geteuid() != 0:
+        return None, "the test PBS runs in network namespaces that only root can enter; run the tests as root"
+    pairs = (line.split("=", 1) for line in (PBS_STATE / "env").read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return dict(pairs), None
+
+
+def pbs_as_root(setup, *command, timeout=60):
+    """A PBS client command as root, on the PBS head host."""
+    return subprocess.run([setup["PBS_ROOT_COMMAND"], *command], capture_output=True, text=True, timeout=timeout)
+
+
+def pbs_as_user(setup, command_line, timeout=60, stdin=None):
+    """A command line as the job user, in a login shell on the PBS head host: a user at the login node."""
+    return subprocess.run([setup["PBS_USER_COMMAND"], command_line], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def copy_course_for(user, destination):
+    """The course as a user has it: every file git knows, or would add, copied into DESTINATION, owned by USER."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    subprocess.run(["chown", "-R", f"{user}:", str(destination)], check=True)
+
+
+def wait_for_file(path, seconds=30):
+    """PBS copies a job's output file back after `qsub -W block=true` has returned: wait for it."""
+    for _ in range(int(seconds * 10)):
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.1)
+    return None
