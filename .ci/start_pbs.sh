@@ -71,7 +71,7 @@ install_packages() {
     local wanted=$RUN_DEPS missing=() package
     [[ -f $MARKER || -n $(cached_build) ]] || wanted="$wanted $BUILD_DEPS"
     for package in $wanted; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+        [[ $(dpkg-query -W -f='${Status}' "$package" 2>/dev/null) == "install ok installed" ]] || missing+=("$package")
     done
     ((${#missing[@]})) || return 0
     say "installing ${missing[*]}"
@@ -107,10 +107,12 @@ build_and_install() {
     else
         revision=$PBS_GIT_REV
         say "no OpenPBS source tarball beside the checkout; cloning $PBS_GIT_URL at $revision"
-        git clone --quiet "$PBS_GIT_URL" "$src" && git -C "$src" checkout --quiet "$revision" ||
+        if ! git clone --quiet "$PBS_GIT_URL" "$src" || ! git -C "$src" checkout --quiet "$revision"; then
             not_installed "cannot get the OpenPBS source: no ../shared/pbs/openpbs-src-*.tar.gz and no clone of $PBS_GIT_URL"
+        fi
     fi
-    local binary=$CACHE/openpbs-$revision-$(. /etc/os-release && echo "$ID$VERSION_ID").tar.gz
+    local binary
+    binary=$CACHE/openpbs-$revision-$(. /etc/os-release && echo "$ID$VERSION_ID").tar.gz
     if [[ -f $binary ]]; then
         say "unpacking the build cached in $binary"
         tar -xzf "$binary" -C /
@@ -152,13 +154,15 @@ install_pbs() {
 make_hosts() {
     local ns
     for ns in $HEAD $NODE2; do
-        ip netns list | grep -qw "^$ns" || ip netns add "$ns"
+        [[ -e /run/netns/$ns ]] || ip netns add "$ns"
         ip -n "$ns" link set lo up
     done
     ip -n $HEAD link show veth-head >/dev/null 2>&1 ||
         ip link add veth-head netns $HEAD type veth peer name veth-node2 netns $NODE2
-    ip -n $HEAD addr show dev veth-head | grep -q "$HEAD_IP/" || ip -n $HEAD addr add $HEAD_IP/24 dev veth-head
-    ip -n $NODE2 addr show dev veth-node2 | grep -q "$NODE2_IP/" || ip -n $NODE2 addr add $NODE2_IP/24 dev veth-node2
+    # (Tests of command output use [[ ]]: `cmd | grep -q` fails under pipefail when grep
+    # stops reading early.)
+    [[ $(ip -n $HEAD addr show dev veth-head) == *"$HEAD_IP/"* ]] || ip -n $HEAD addr add $HEAD_IP/24 dev veth-head
+    [[ $(ip -n $NODE2 addr show dev veth-node2) == *"$NODE2_IP/"* ]] || ip -n $NODE2 addr add $NODE2_IP/24 dev veth-node2
     ip -n $HEAD link set veth-head up
     ip -n $NODE2 link set veth-node2 up
     mkdir -p $UTS
@@ -172,14 +176,20 @@ make_hosts() {
     grep -q "^$NODE2_IP $NODE2 " /etc/hosts || echo "$NODE2_IP $NODE2 # course-pbs" >> /etc/hosts
 }
 
+mom_config() {
+    # $clienthost: the server's host may talk to this MoM. $usecp: a job's output files
+    # are copied with cp (one file system), not scp.
+    echo "\$clienthost $HEAD"
+    echo "\$usecp *:/ /"
+}
+
 configure_head() {
     if [[ ! -f /etc/pbs.conf || ! -d /var/spool/pbs/mom_priv ]]; then
         say "pbs_postinstall"
         in_ns $HEAD "$PREFIX/libexec/pbs_postinstall" > "$CACHE/openpbs-postinstall.log" 2>&1 || true
     fi
     sed -i -e 's/^PBS_START_MOM=.*/PBS_START_MOM=1/' -e "s/^PBS_SERVER=.*/PBS_SERVER=$HEAD/" /etc/pbs.conf
-    # $usecp: the job's output files are copied with cp (one file system), not scp.
-    printf '$clienthost %s\n$usecp *:/ /\n' $HEAD > /var/spool/pbs/mom_priv/config
+    mom_config > /var/spool/pbs/mom_priv/config
 }
 
 start_head() {
@@ -214,7 +224,7 @@ EOF
     install -d -m 0750 $home/mom_priv/hooks $home/mom_priv/hooks/tmp
     install -d -m 1777 $home/spool $home/undelivered /var/tmp/pbs_node2
     [[ -f $home/pbs_environment ]] || cp -p /var/spool/pbs/pbs_environment $home/
-    printf '$clienthost %s\n$usecp *:/ /\n' $HEAD > $home/mom_priv/config
+    mom_config > $home/mom_priv/config
     if [[ -f $home/mom_priv/mom.lock ]] && kill -0 "$(cat $home/mom_priv/mom.lock)" 2>/dev/null; then
         say "second MoM already running on $NODE2"
     else
@@ -249,8 +259,8 @@ job_environment() {
         say "creating the job environment $venv from $JOB_PYTHON and requirements.txt (about 2 minutes)"
         rm -rf "$venv"
         "$JOB_PYTHON" -m venv "$venv"
-        "$venv/bin/python" -m pip install --quiet -r "$REPO/requirements.txt" ||
-            die "pip could not install requirements.txt into $venv"
+        "$venv/bin/python" -m pip install -r "$REPO/requirements.txt" > "$CACHE/job-venv-pip.log" 2>&1 ||
+            die "pip could not install requirements.txt into $venv; see $CACHE/job-venv-pip.log"
         touch "$venv/.complete"
     fi
     chmod -R a+rX "$venv"
@@ -298,7 +308,7 @@ stop_all() {
     for ns in $HEAD $NODE2; do
         if findmnt -n "$UTS/$ns" >/dev/null 2>&1; then umount "$UTS/$ns"; fi
         rm -f "$UTS/$ns"
-        if ip netns list | grep -qw "^$ns"; then ip netns del "$ns"; fi
+        if [[ -e /run/netns/$ns ]]; then ip netns del "$ns"; fi
     done
     sed -i '/# course-pbs$/d' /etc/hosts
     say "stopped"

@@ -82,6 +82,7 @@ course_log_env() {
     else
         echo "== GPUs: none (no nvidia-smi on this node)"
     fi
+    if [[ -n ${LOADEDMODULES:-} ]]; then echo "== modules: ${LOADEDMODULES//:/ }"; fi
     echo "== python: $(command -v python) ($(python --version 2>&1))"
     python -c '
 import torch
