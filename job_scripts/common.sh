@@ -22,6 +22,22 @@ read -r -a COURSE_ARG_LIST <<<"${COURSE_ARGS:-}"
 # shellcheck disable=SC2034
 read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 
+# Checkpoints. Every job trains with --resume into a checkpoint folder of its own,
+# checkpoints/<job name>-<job id> by default, so that a job the scheduler runs again
+# under the same id (PBS: qrerun, a node failure; Slurm: requeue) continues from its
+# last checkpoint, as does a worker group that torchrun restarts (scripts/launch.py
+# --max-restarts). To continue a job that ran out of walltime, submit it again with its
+# folder: qsub -v COURSE_CHECKPOINT_DIR=checkpoints/ddp04_ddp-1234.server JOB
+# (the same COURSE_ARGS, or the checkpoint is refused as another run's).
+course_checkpoint_dir() {
+    local name=${PBS_JOBNAME:-${SLURM_JOB_NAME:-job}} id=${PBS_JOBID:-${SLURM_JOB_ID:-$$}}
+    echo "checkpoints/$name-${id//[^A-Za-z0-9_.-]/_}"
+}
+: "${COURSE_CHECKPOINT_DIR:=$(course_checkpoint_dir)}"
+# The training script's arguments: these first, so that COURSE_ARGS can override them.
+# shellcheck disable=SC2034
+COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_ARG_LIST[@]}")
+
 # Load the modules and the Python environment named in site.sh, and remember what that
 # changed in the environment (COURSE_SETUP_CHANGED, COURSE_SETUP_REMOVED): a multi-node
 # job hands exactly that to its other nodes (course_save_setup).
@@ -71,6 +87,7 @@ course_load_setup() {
 course_log_env() {
     echo "== job ${PBS_JOBID:-${SLURM_JOB_ID:-(no job id)}} on $(hostname), $(date '+%Y-%m-%d %H:%M:%S')"
     echo "== course directory: $PWD"
+    echo "== checkpoints: $COURSE_CHECKPOINT_DIR (the job resumes from the newest there)"
     if [[ -n ${PBS_NODEFILE:-} && -r ${PBS_NODEFILE:-} ]]; then
         echo "== nodes (PBS_NODEFILE): $(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE" | paste -sd ' ' -)"
     elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then

@@ -151,6 +151,15 @@ VARIANTS = {
         {"COURSE_ARGS": short_run("fails_on_the_nodes", "--epochs 0"), "COURSE_LAUNCH_ARGS": "--max-restarts 0"},
         exit_status=1, log_has=("== node 0 (", "== node 1 (", "training failed on at least one node"),
     ),
+    # A worker killed mid-run: torchrun restarts the group on both hosts, and it resumes.
+    "worker_killed": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("worker_killed", "--checkpoint-every 1 --fault kill --fault-rank 1 --fault-step 2")},
+        record={"script": "train_ddp", "world_size": 2, "resumed_at_step": 2},
+        log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
+                 re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: epoch 1, 2 of \d+ batches done"),
+                 "== node 0 (", "== node 1 (", "exit status 0"),
+    ),
     # Two chunks packed on one host: refused before pbsdsh starts two launchers there.
     "packed": lambda venv, copy: Submission(
         "04_ddp_2nodes.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
@@ -268,11 +277,15 @@ def test_every_pbs_job_has_an_entry():
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
-def test_job_runs_on_real_pbs(finished, name):
+def test_job_runs_on_real_pbs(finished, course, name):
     if not (JOB_SCRIPTS / name).exists():
         pytest.skip(f"job_scripts/{name} is gone; remove its entry from JOBS")
-    log, _ = check_submission(finished, name)
+    log, record = check_submission(finished, name)
     assert "== job " in log and "== torch " in log and "== python: " in log
+    if record is not None:  # a training job: --resume into a checkpoint folder of its own
+        folder = re.search(r"^== checkpoints: (checkpoints/\S+-\d+\.\S+) ", log, re.M)
+        assert folder and f"no checkpoint in {folder[1]} yet: starting fresh" in log, log
+        assert list((course / folder[1]).glob("checkpoint-*.pt")), f"no checkpoint in {folder[1]}"
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -368,3 +381,33 @@ def test_interactive_session_with_qsub_i(pbs, course):
     assert re.search(r"launch.py: PBS job \d+\.\S+\n  hosts +" + HEAD, output), output
     assert "training exit status 0" in output and re.search(r"qsub: job \d+\.\S+ completed", output), output
     assert read_record(course / "results" / "interactive.json")["script"] == "train_single"
+
+
+# ---------------------------------------------------------------- a job run again: qrerun
+
+def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
+    """qrerun kills a running job and queues it again under the same id: it resumes."""
+    # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
+    run = short_run("rerun", "--max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600")
+    submission = Submission("04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": run})
+    line = qsub_line(course, "rerun", submission).replace("qsub ", "qsub -N rerun_test ", 1)
+    waiting = subprocess.Popen([pbs["PBS_USER_COMMAND"], line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):
+            written = list((course / "checkpoints").glob("rerun_test-*/checkpoint-00000002.pt"))
+            if written or waiting.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert written, f"no checkpoint after step 2 within 4 minutes: {waiting.poll()}"
+        job_id = written[0].parent.name.removeprefix("rerun_test-")
+        rerun = pbs_as_root(pbs, "qrerun", job_id)
+        assert rerun.returncode == 0, rerun.stderr
+        output, _ = waiting.communicate(timeout=300)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    log = wait_for_file(course / "logs" / "rerun.log") or ""
+    assert waiting.returncode == 0, output + log
+    assert f"resumed from checkpoints/rerun_test-{job_id}/checkpoint-00000002.pt: epoch 1, 2 of" in log, log
+    record = read_record(course / "results" / "rerun.json")
+    assert record["resumed_at_step"] == 2 and record["world_size"] == 2
