@@ -1,4 +1,4 @@
-"""Shared by the tests that run the launcher and the job scripts as a scheduler would."""
+"""Shared by the tests of the launcher and the job scripts, and those that run them on a real PBS or Slurm."""
 import functools
 import importlib.util
 import json
@@ -62,29 +62,6 @@ def clean_environment():
     return env
 
 
-def pbs_environment(tmp_path, hosts, job_id, ncpus, course_args):
-    """What PBS sets for a job: the course directory, a node file, a job id, the CPUs.
-
-    The pbsdsh stand-in goes first on PATH, and on PBS_O_PATH (the submitter's PATH,
-    which pbsdsh tasks get back).
-    """
-    nodefile = tmp_path / f"nodefile.{job_id}"
-    nodefile.write_text("".join(f"{host}\n" for host in hosts))
-    env = clean_environment()
-    env["PATH"] = f"{STAND_INS}{os.pathsep}{env.get('PATH', '')}"
-    env.update(
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_O_WORKDIR=str(REPO),
-        PBS_O_PATH=env["PATH"],
-        PBS_NODEFILE=str(nodefile),
-        PBS_JOBID=job_id,
-        PBS_QUEUE="workq",
-        NCPUS=str(ncpus),
-        COURSE_ARGS=course_args,
-    )
-    return env
-
-
 def run_job(script, env, cwd, timeout=300):
     """Run a job script under bash, as the scheduler would; output and errors together."""
     return subprocess.run(
@@ -143,9 +120,11 @@ def copy_course_for(user, destination):
 
 
 def wait_for_file(path, seconds=30):
-    """PBS copies a job's output file back after `qsub -W block=true` has returned: wait for it."""
-    for _ in range(int(seconds * 10)):
-        if path.exists():
+    """A job's output file, once PBS has copied it back (after `qsub -W block=true` returned)."""
+    size = -1
+    for _ in range(int(seconds * 5)):
+        if path.exists() and path.stat().st_size == size:  # there, and no longer growing
             return path.read_text()
-        time.sleep(0.1)
-    return None
+        size = path.stat().st_size if path.exists() else -1
+        time.sleep(0.2)
+    return path.read_text() if path.exists() else None
