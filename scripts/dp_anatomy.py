@@ -1,8 +1,10 @@
 """One nn.DataParallel step taken apart, with stand-ins that also run on a CPU.
 
 In every forward pass, nn.DataParallel (one process, N GPUs) does four things:
-  1. scatter         split the batch along dim 0, one chunk per GPU, copy each chunk there;
-  2. replicate       copy the module's parameters and buffers from GPU 0 to every GPU;
+  1. scatter         split the batch along dim 0, one chunk per GPU, and copy each chunk there
+                     (a chunk already on its GPU stays where it is);
+  2. replicate       broadcast the module's parameters and buffers from GPU 0 to every other GPU
+                     (NCCL's ring broadcast where NCCL is available);
   3. parallel_apply  run each replica on its chunk, one Python thread per GPU;
   4. gather          copy the outputs to GPU 0 and concatenate them.
 The loss is computed on GPU 0. Backward runs back through the copies, so each

@@ -227,7 +227,11 @@ def check_replicate_traffic(per_step, per_epoch, gpus=4, images=60_000, batch_pe
         f"per_step = {per_step:,} bytes: count one float32 copy of the Net for every GPU that needs one")
     assert per_epoch == per_step * steps, f"per_epoch = {per_epoch:,}: how many steps does one epoch take?"
     return (f"{per_step / 1e6:.1f} MB of weights reach GPUs 1-{gpus - 1} every step, {per_epoch / 1e9:.2f} GB "
-            f"per epoch of {steps} steps, only to copy weights that DDP never sends.")
+            f"per epoch of {steps} steps. With NCCL's ring broadcast, GPU 0 itself sends about one copy "
+            f"({model_bytes / 1e6:.1f} MB) to its neighbour, which keeps it and passes it on: every link carries "
+            "about one copy per step. In backward, the replicas' gradients are summed onto GPU 0, along a ring "
+            "too. In DDP the weights never move: each process sends about 2 x (N - 1) / N copies of the "
+            "gradients per step, all processes at once, and mostly while backward is still running (notebook 04).")
 
 
 # --- 04_ddp ---------------------------------------------------------------------------------
