@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from .cli import REPO
+from .distributed import FRESH_STORE_PER_ATTEMPT
 
 SCRIPTS = REPO / "scripts"
 # Figures drawn by the notebooks hold this machine's measurements, so they go where git
@@ -59,8 +60,10 @@ def python(script, *args, timeout=600, echo=True, env=None):
 def run_and_check(command, script, timeout, echo, env=None):
     """Run ``command`` in the repository, stdout and stderr in one stream, in the order written.
 
-    ``env``: the whole environment of the run (default: the kernel's).
+    ``env``: the whole environment of the run (default: the kernel's). torchrun's restarts
+    need a fresh store per attempt (``core.distributed.FRESH_STORE_PER_ATTEMPT``).
     """
+    env = {**(os.environ if env is None else env), **FRESH_STORE_PER_ATTEMPT}
     try:
         done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=timeout)
