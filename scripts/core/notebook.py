@@ -109,7 +109,7 @@ def child_stderr():
 def strip_launcher_banner(output):
     """Drop torchrun's OMP_NUM_THREADS banner: the scripts set threads themselves and say so."""
     kept = [line for line in output.splitlines() if "OMP_NUM_THREADS" not in line and not line.startswith("*****")]
-    return "\n".join(kept) + ("\n" if kept else "")
+    return "\n".join(kept).lstrip("\n") + ("\n" if kept else "")  # the banner starts with an empty line
 
 
 def show_diff(before, after):
