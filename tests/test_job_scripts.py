@@ -20,6 +20,7 @@ from cluster_helpers import (
 STEPS = ["01_baseline", "02_allreduce", "03_data_parallel", "04_ddp", "04_ddp_2nodes"]
 PBS_JOBS = sorted(JOB_SCRIPTS.glob("*.pbs"))
 SLURM_JOBS = sorted(JOB_SCRIPTS.glob("*.sbatch"))
+OTHER_JOBS = ["jupyter"]  # JupyterLab on a node: tests/test_jupyter_job.py
 SHELL_FILES = sorted(JOB_SCRIPTS.iterdir()) + [STAND_INS / "pbsdsh", REPO / ".ci" / "start_slurm.sh"]
 
 
@@ -28,8 +29,8 @@ def names(paths):
 
 
 def test_every_step_has_a_pbs_and_a_slurm_job():
-    assert [path.stem for path in PBS_JOBS] == STEPS
-    assert [path.stem for path in SLURM_JOBS] == STEPS
+    assert [path.stem for path in PBS_JOBS] == sorted(STEPS + OTHER_JOBS)
+    assert [path.stem for path in SLURM_JOBS] == sorted(STEPS + OTHER_JOBS)
 
 
 @pytest.mark.parametrize("path", SHELL_FILES, ids=names(SHELL_FILES))
