@@ -223,7 +223,8 @@ def demo_syncbn(runtime, args):
     expected = batch_statistics(reference)
     observed = {}
     for name, model in [("BatchNorm", fresh_net(args, runtime, models.NetBN)),
-                        ("SyncBatchNorm", sync_batchnorm.convert(fresh_net(args, runtime, models.NetBN), "net-bn"))]:
+                        ("SyncBatchNorm", sync_batchnorm.convert(fresh_net(args, runtime, models.NetBN), "net-bn",
+                                                                on_gpu=runtime.device.type == "cuda"))]:
         logits = forward_for_statistics(model, shard(images, runtime))  # this rank: its shard only
         statistics = batch_statistics(model)
         difference = max((statistics[layer] - expected[layer]).abs().max().item() for layer in expected)
@@ -280,7 +281,7 @@ def demo_no_join(runtime, args):
     """The same without Join: the rank with more batches waits in an all_reduce that the
     others never join. A monitored barrier (gloo) lets the early rank say who is missing."""
     _, mine = train_uneven(runtime, args, join=False)  # the rank with more batches stops in here
-    say(runtime, f"rank {runtime.rank} ran out of batches after {mine}; waiting up to --timeout "
+    say(runtime, f"rank {runtime.rank} ran out of batches after {mine} steps; waiting up to --timeout "
                  f"{runtime.timeout.total_seconds():.0f} s for the others")
     try:
         if runtime.backend == "gloo":

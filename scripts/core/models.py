@@ -68,12 +68,14 @@ MODELS["net-bn"] = NetBN
 def build_model(args):
     """The model ``--model`` names, initialised from ``--seed``: the same weights on every rank.
 
-    With ``--sync-bn`` its BatchNorm layers become SyncBatchNorm (core/sync_batchnorm.py).
+    With ``--sync-bn`` its BatchNorm layers become SyncBatchNorm (core/sync_batchnorm.py):
+    PyTorch's when the run will use a GPU, the course's CPU version otherwise.
     """
     if args.model not in MODELS:
         raise CourseError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
     torch.manual_seed(args.seed)
     model = MODELS[args.model](dropout=args.dropout)
     if getattr(args, "sync_bn", False):
-        model = sync_batchnorm.convert(model, args.model)
+        on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        model = sync_batchnorm.convert(model, args.model, on_gpu=on_gpu)
     return model

@@ -7,11 +7,13 @@ the statistics over the ranks, so every rank normalises with those of the global
 exactly as one process on the global batch would. It matters when the batch per device is
 small (large images, detection, segmentation).
 
-On a GPU this is ``torch.nn.SyncBatchNorm``, unchanged. Its forward needs kernels
-(``torch.batch_norm_stats`` and the rest) that PyTorch builds only for GPUs: on a CPU it
-raises "SyncBatchNorm expected input tensor to be on GPU". So that ``--sync-bn`` runs, and
-is tested, on CPUs with gloo too, the class below adds a CPU path that computes the same
-statistics with two all_reduces.
+On a GPU, ``--sync-bn`` is ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``, unchanged.
+PyTorch's SyncBatchNorm does not run on a CPU: its forward raises "SyncBatchNorm expected
+input tensor to be on GPU" (it needs kernels such as ``torch.batch_norm_stats`` that are
+built for GPUs), and DistributedDataParallel refuses a CPU model that holds one
+("SyncBatchNorm layers only work with GPU modules"). So that ``--sync-bn`` runs, and is
+tested, on CPUs with gloo too, the class below computes the same statistics with two
+all_reduces; it is a plain BatchNorm subclass, which DDP accepts on a CPU.
 """
 import torch
 import torch.distributed as dist
@@ -41,13 +43,21 @@ class AllReduceSum(torch.autograd.Function):
         return total, None
 
 
-class SyncBatchNorm(nn.SyncBatchNorm):
-    """``torch.nn.SyncBatchNorm``, plus a CPU path (PyTorch's needs a GPU)."""
+class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm with the statistics of the global batch, for CPUs (PyTorch's needs a GPU)."""
+
+    def __init__(self, *args, process_group=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input):
-        if input.device.type != "cpu" or not self.training or self.world_size() < 2:
-            return super().forward(input)  # a GPU, evaluation, or one process: PyTorch's own
-        return self.forward_synchronised_on_cpu(input)
+        if not self.training or self.world_size() < 2:
+            return super().forward(input)  # evaluation, or one process: plain BatchNorm
+        return self.forward_synchronised(input)
 
     def group(self):
         return self.process_group or dist.group.WORLD
@@ -55,7 +65,7 @@ class SyncBatchNorm(nn.SyncBatchNorm):
     def world_size(self):
         return dist.get_world_size(self.group()) if dist.is_available() and dist.is_initialized() else 1
 
-    def forward_synchronised_on_cpu(self, input):
+    def forward_synchronised(self, input):
         self._check_input_dim(input)
         momentum = self.momentum
         if self.track_running_stats:
@@ -83,19 +93,22 @@ class SyncBatchNorm(nn.SyncBatchNorm):
         return output.to(input.dtype)
 
 
-def convert(model, model_name="the model"):
-    """Every BatchNorm layer of ``model`` replaced by a SyncBatchNorm holding the same state,
-    as ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does. A model without BatchNorm
-    is refused: --sync-bn would change nothing and say nothing."""
-    converted = replace_batchnorm(model)
-    if not any(isinstance(module, SyncBatchNorm) for module in converted.modules()):
+def convert(model, model_name="the model", on_gpu=False):
+    """Every BatchNorm layer of ``model`` replaced by a synchronised one holding the same state:
+    PyTorch's on a GPU, the class above on a CPU. A model without BatchNorm is refused:
+    --sync-bn would change nothing and say nothing."""
+    if on_gpu:
+        converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    else:
+        converted = replace_batchnorm(model)
+    if not any(isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm)) for module in converted.modules()):
         raise CourseError(f"--sync-bn: --model {model_name} has no BatchNorm layer to synchronise; "
                           f"use a model with BatchNorm (--model net-bn) or leave --sync-bn out")
     return converted
 
 
 def replace_batchnorm(module):
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, SyncBatchNorm):
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm)):
         synced = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                                module.track_running_stats, bias=module.bias is not None)
         if module.affine:
