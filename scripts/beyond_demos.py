@@ -259,7 +259,7 @@ def train_uneven(runtime, args, join):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     batches = uneven_batches(runtime, args)
     # Join: a rank that has run out of batches "shadows" the collectives of the others (it
-    # all-reduces zeros, and is not counted in the average) until every rank is done.
+    # all-reduces zeros in their place) until every rank is done.
     with Join([model]) if join else contextlib.nullcontext():
         for images, labels in batches:
             optimizer.zero_grad(set_to_none=True)

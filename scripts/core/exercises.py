@@ -1,6 +1,6 @@
 """The checks of the notebooks' exercises.
 
-Every exercise in notebooks 00-04 has three cells: one where the participant writes the
+Every exercise in the notebooks has three cells: one where the participant writes the
 answer (it starts as a placeholder, ``...``), one that can load the solution from
 ``notebooks/solutions/`` (a commented ``%load`` line, so nothing shows before it is asked
 for), and a check cell that calls one of the functions below on the participant's names:
@@ -282,3 +282,41 @@ def check_steps_per_epoch(steps_per_epoch, images=60_000, global_batch=64):
                      f"{global_batch // gpus}, or {steps_per_epoch(gpus, global_batch, images)} of {global_batch}")
     return ("Per rank and epoch: " + "; ".join(lines) + ". With a fixed global batch every rank takes as many "
             "steps as one GPU did, each on fewer images.")
+
+
+# --- 07_beyond_ddp --------------------------------------------------------------------------
+
+@exercise("07_beyond_ddp", 1, answers=("syncs_per_step",))
+def check_syncs_per_step(syncs_per_step, observed):
+    k = observed["micro_batches"]
+    for way, use_no_sync in (("no_sync", True), ("without no_sync", False)):
+        seen = observed[way]["syncs_per_step"][-1]
+        got = syncs_per_step(k, use_no_sync)
+        assert got == seen, f"syncs_per_step({k}, use_no_sync={use_no_sync}) = {got}; DDP synchronised {seen} time(s)"
+    for micro_batches in (1, 2, 8, 32):  # the rule, beyond the K the demo ran
+        pair = (syncs_per_step(micro_batches, True), syncs_per_step(micro_batches, False))
+        assert pair == (1, micro_batches), (f"for {micro_batches} micro-batches you predict {pair} (with, without "
+                                            "no_sync): think about what happens in each backward")
+    return (f"With no_sync one sync per optimizer step, whatever K; without it one per micro-batch: {k} times the "
+            "traffic, for exactly the same weights. On a slow network that is the difference between "
+            "accumulation being nearly free and costing K steps' worth of communication.")
+
+
+ADAM_BYTES_PER_NUMBER = 8  # exp_avg and exp_avg_sq, float32 each
+
+
+@exercise("07_beyond_ddp", 2, answers=("zero_state_per_rank",))
+def check_zero_state_per_rank(zero_state_per_rank, observed, parameter_numels):
+    ranks = observed["ranks"]
+    predicted = list(zero_state_per_rank(list(parameter_numels), len(ranks)))
+    measured = [rank["zero"] for rank in ranks]
+    assert len(predicted) == len(ranks), f"one number per rank, please: got {len(predicted)} for {len(ranks)} ranks"
+    assert sum(predicted) == ranks[0]["adam"], (f"your ranks hold {sum(predicted):,} bytes together; Adam's whole "
+                                                f"state is {ranks[0]['adam']:,}: every parameter's state lives on "
+                                                "exactly one rank")
+    assert predicted == measured, (f"you predict {predicted} bytes per rank; ZeroRedundancyOptimizer measured "
+                                   f"{measured}. It hands out whole parameters, not equal slices")
+    return (f"{measured}: ZeroRedundancyOptimizer gives whole parameters, largest first, to the rank holding the "
+            "least so far. One 1.2M-number layer (fc1.weight) outweighs the rest of the Net, so one rank keeps "
+            "almost everything: ZeRO-1 saves memory on models of many similar layers (transformers), not on "
+            "this one. FSDP shards every parameter itself, so its shares are even.")
