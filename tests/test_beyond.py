@@ -82,11 +82,14 @@ def test_no_sync_synchronises_once_per_optimizer_step_and_without_it_k_times(obs
     assert accumulate["without no_sync"]["numbers_per_step"] == K * accumulate["no_sync"]["numbers_per_step"]
 
 
-def test_train_ddp_with_accumulate_equals_train_ddp_on_the_larger_batch(tmp_path):
-    """--accumulate 2 with batches of 16 per rank is one step on 32 per rank: the same weights."""
-    common = ("--epochs", 1, "--max-steps", 3, "--optimizer", "sgd", "--no-dropout", "--results-dir", tmp_path / "r")
+@pytest.mark.parametrize("script, mode", [("train_ddp.py", ()), ("train_allreduce.py", ("--mode", "overlap-bucket"))])
+def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path, script, mode):
+    """--accumulate 2 with batches of 16 per rank is one step on 32 per rank: the same weights.
+    (DDP and the hand-written overlap both skip the sync inside no_sync.)"""
+    common = ("--epochs", 1, "--max-steps", 3, "--optimizer", "sgd", "--no-dropout", "--results-dir", tmp_path / "r",
+              *mode)
     for name, extra in (("accumulated", ("--batch-size", 16, "--accumulate", 2)), ("large", ("--batch-size", 32))):
-        assert_ok(run_torchrun("train_ddp.py", *common, *extra, "--run-name", name,
+        assert_ok(run_torchrun(script, *common, *extra, "--run-name", name,
                                "--checkpoint-dir", tmp_path / name, "--save", tmp_path / f"{name}.pt"))
     accumulated, large = (torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("accumulated", "large"))
     torch.manual_seed(0)
