@@ -21,7 +21,6 @@ observed, for checks:
   fsdp        fully_shard (FSDP2): parameters and optimizer state per rank, sharded
 """
 import contextlib
-import copy
 import json
 from pathlib import Path
 
@@ -109,9 +108,10 @@ def demo_overlap(runtime, args):
         model = fresh_net(args, runtime)
         events = []
         for name, param in model.named_parameters():  # registered first: runs before the wrapper's hook
-            param.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"  gradient ready: {name}"))
+            param.register_post_accumulate_grad_hook(
+                lambda p, name=name, events=events: events.append(f"  gradient ready: {name}"))
         if mode == "bucket":
-            average = lambda: average_gradients_bucket(model)  # noqa: E731 -- step 2: after backward
+            average = lambda model=model: average_gradients_bucket(model)
         else:
             model = own_ddp.wrap(model, mode)
             average = model.finish_gradient_sync
@@ -164,7 +164,7 @@ def accumulate_with_ddp(model, optimizer, micro_batches, use_no_sync):
 def demo_accumulate(runtime, args):
     """K micro-batches of B per rank, with and without no_sync, against one step on W x K x B."""
     k, b, steps = args.micro_batches, args.batch_size, 3
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # noqa: E731
+    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     single = fresh_net(args, runtime)
     single_optimizer = sgd(single)
     runs = {}
@@ -279,15 +279,14 @@ def demo_join(runtime, args):
 
 def demo_no_join(runtime, args):
     """The same without Join: the rank with more batches waits in an all_reduce that the
-    others never join. A monitored barrier (gloo) lets the early rank say who is missing."""
+    others never join. A monitored barrier lets the early rank say who is missing; it exists
+    for gloo only, so with NCCL it runs in a gloo group of its own."""
+    barrier_group = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")  # every rank, up front
     _, mine = train_uneven(runtime, args, join=False)  # the rank with more batches stops in here
     say(runtime, f"rank {runtime.rank} ran out of batches after {mine} steps; waiting up to --timeout "
                  f"{runtime.timeout.total_seconds():.0f} s for the others")
     try:
-        if runtime.backend == "gloo":
-            dist.monitored_barrier(timeout=runtime.timeout)
-        else:
-            dist.barrier()
+        dist.monitored_barrier(group=barrier_group, timeout=runtime.timeout)
     except RuntimeError as error:
         raise CourseError(f"rank {runtime.rank} finished its {mine} batches, but the others never arrived "
                           f"({distributed.first_line(error)}): they are still waiting in an all_reduce of a step "
