@@ -283,10 +283,13 @@ def demo_no_join(runtime, args):
     for gloo only, so with NCCL it runs in a gloo group of its own."""
     barrier_group = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")  # every rank, up front
     _, mine = train_uneven(runtime, args, join=False)  # the rank with more batches stops in here
-    say(runtime, f"rank {runtime.rank} ran out of batches after {mine} steps; waiting up to --timeout "
-                 f"{runtime.timeout.total_seconds():.0f} s for the others")
+    # Half of --timeout: this rank gives up (and says why) before the waiting ranks' own timeout
+    # ends them, and before torchrun, seeing one of them fail, stops this one too.
+    patience = runtime.timeout / 2
+    say(runtime, f"rank {runtime.rank} ran out of batches after {mine} steps; waiting {patience.total_seconds():g} s "
+                 f"for the others")
     try:
-        dist.monitored_barrier(group=barrier_group, timeout=runtime.timeout)
+        dist.monitored_barrier(group=barrier_group, timeout=patience)
     except RuntimeError as error:
         raise CourseError(f"rank {runtime.rank} finished its {mine} batches, but the others never arrived "
                           f"({distributed.first_line(error)}): they are still waiting in an all_reduce of a step "
