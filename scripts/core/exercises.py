@@ -1,6 +1,6 @@
 """The checks of the notebooks' exercises.
 
-Every exercise in notebooks 00-04 has three cells: one where the participant writes the
+Every exercise in notebooks 00-05 has three cells: one where the participant writes the
 answer (it starts as a placeholder, ``...``), one that can load the solution from
 ``notebooks/solutions/`` (a commented ``%load`` line, so nothing shows before it is asked
 for), and a check cell that calls one of the functions below on the participant's names:
