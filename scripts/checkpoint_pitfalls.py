@@ -21,7 +21,7 @@ import torch
 from core import checkpoint, cli, distributed
 
 DEMOS = ["every-rank-saves", "no-barrier"]
-SLOW_WRITE_SECONDS = 2.0  # a large checkpoint on a network file system takes this long, and more
+SLOW_WRITE_SECONDS = 1.0  # a large checkpoint on a network file system takes this long, and more
 
 
 def add_arguments(parser):
