@@ -140,6 +140,7 @@ def wrong_answers(exercise_id, extra):
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
+        "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
     }[exercise_id]
@@ -154,7 +155,8 @@ IDS = sorted(EXERCISES)
 
 def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
-        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp", "07_beyond_ddp"]
+        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
+        "05_checkpoints_and_faults", "07_beyond_ddp"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
