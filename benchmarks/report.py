@@ -239,8 +239,28 @@ def render_time_to_accuracy(record):
     return "\n".join(lines)
 
 
+def render_cpu_profile(record):
+    seconds, flops, peak = record["seconds_per_step"], record["flops_per_step"], record["peak_flops"]
+    total = sum(seconds.values())
+    lines = [f"{machine_line(record)}; {record['threads']} threads, batch {record['batch_size']}, "
+             f"{record['steps']} steps profiled; matrix-product peak {peak / 1e9:.0f} GFLOP/s; load average "
+             f"{record['load_average'][0]:.2f} before, {record['load_average'][1]:.2f} after.\n",
+             "| part of the step | ms per step | share | GFLOP/s | share of the peak |", "|---|---|---|---|---|"]
+    names = {"convolution": "convolutions (forward and backward)", "matmul": "linear layers' matrix products",
+             "elementwise and pooling": "element-wise, pooling, dropout, loss", "optimizer": "optimizer (Adam)"}
+    for group, name in names.items():
+        rate = flops.get(group, 0) / seconds[group] if group in flops else None
+        achieved = "-" if rate is None else f"{rate / 1e9:.0f}"
+        share_of_peak = "-" if rate is None else f"{rate / peak:.0%}"
+        lines.append(f"| {name} | {seconds[group] * 1e3:.1f} | {seconds[group] / total:.0%} | {achieved} "
+                     f"| {share_of_peak} |")
+    rate = sum(flops.values()) / total
+    lines.append(f"| the whole step | {total * 1e3:.1f} | 100% | {rate / 1e9:.0f} | {rate / peak:.0%} |")
+    return "\n".join(lines)
+
+
 RENDERERS = {"harness": render_harness, "allreduce_bandwidth": render_allreduce,
-             "time_to_accuracy": render_time_to_accuracy}
+             "time_to_accuracy": render_time_to_accuracy, "cpu_step_profile": render_cpu_profile}
 
 
 def render(record):
