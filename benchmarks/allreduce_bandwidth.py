@@ -75,7 +75,6 @@ def sweep(sizes, device, budget_bytes):
         algbw = size / seconds
         rows.append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw / 1e9,
                      "busbw_gbps": bus_bandwidth(algbw, world_size) / 1e9})
-        del tensor
     return rows
 
 

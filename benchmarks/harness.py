@@ -103,7 +103,8 @@ class Run:
     @property
     def key(self):
         layout = self.layout
-        return f"{self.model.name} | {self.method.name} | {layout.processes}x{layout.threads or 'gpu'} | b{layout.batch_size} | {self.role}"
+        where = f"{layout.processes}x{layout.threads or 'gpu'}"
+        return f"{self.model.name} | {self.method.name} | {where} | b{layout.batch_size} | {self.role}"
 
 
 @dataclass

@@ -182,7 +182,8 @@ def scaling_table(record, model):
         efficiency = (f"{row['samples_per_second'] / (devices_used(row, gpus) * unit['samples_per_second']):.0%}"
                       if unit else "n/a")
         lines.append(f"| {row['method']} | {layout_text(row, gpus)} | {row['global_batch_size']} "
-                     f"| {row['samples_per_second']:,.0f} | {row['seconds_per_epoch']:.2f} | {step_split(rows, row, gpus)} "
+                     f"| {row['samples_per_second']:,.0f} | {row['seconds_per_epoch']:.2f} "
+                     f"| {step_split(rows, row, gpus)} "
                      f"| {percent(row['mfu'])} | {seconds(row['time_to_target'])} | {efficiency} |")
     return "\n".join(lines)
 

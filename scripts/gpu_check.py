@@ -77,7 +77,8 @@ def plan(gpus, results, quick_args, records_dir):
     common_args = (*quick_args, "--results-dir", results)
     checkpoint = Path(results) / "ddp.pt"
     steps = [
-        Step("1 one process, in-memory batches", python(SCRIPTS / "train_single.py", *common_args, "--run-name", "single"),
+        Step("1 one process, in-memory batches",
+             python(SCRIPTS / "train_single.py", *common_args, "--run-name", "single"),
              "single", record_checks(device, 1, None)),
         Step("1 one process, DataLoader with pinned memory and 2 workers",
              python(SCRIPTS / "train_single.py", *common_args, "--run-name", "pinned", "--loader", "dataloader",
@@ -88,7 +89,8 @@ def plan(gpus, results, quick_args, records_dir):
         Step(f"2 all_reduce bucket, {nproc} processes",
              torchrun(nproc, SCRIPTS / "train_allreduce.py", *common_args, "--run-name", "bucket", "--mode", "bucket"),
              "bucket", record_checks(device, nproc, backend)),
-        Step(f"3 DataParallel over {gpus or 'no'} GPU(s)", python(SCRIPTS / "train_dp.py", *common_args, "--run-name", "dp"),
+        Step(f"3 DataParallel over {gpus or 'no'} GPU(s)",
+             python(SCRIPTS / "train_dp.py", *common_args, "--run-name", "dp"),
              "dp", record_checks(device, 1, None, gpus_per_process=max(gpus, 1))),
         Step(f"4 DDP, {nproc} processes, saving a checkpoint",
              torchrun(nproc, SCRIPTS / "train_ddp.py", *common_args, "--run-name", "ddp", "--save", checkpoint),
@@ -104,7 +106,8 @@ def plan(gpus, results, quick_args, records_dir):
                           python(BENCHMARKS / "allreduce_bandwidth.py", "--records", records_dir)))
     if gpus:
         steps.append(Step("benchmark harness on the GPU(s): the MNIST Net, every method",
-                          python(BENCHMARKS / "harness.py", "--models", "net", "--repeats", "1", "--records", records_dir)))
+                          python(BENCHMARKS / "harness.py", "--models", "net", "--repeats", "1",
+                                 "--records", records_dir)))
     return steps
 
 
@@ -204,7 +207,8 @@ def main(argv=None):
     failed = [o["step"] for o in outcomes if not passed(o)]
     if failed:
         raise SystemExit(f"error: {len(failed)} step(s) failed: {'; '.join(failed)}")
-    print(f"all {len(outcomes)} steps passed on {f'{gpus} GPU(s)' if gpus else 'the CPU (no GPU: GPU path NOT checked)'}")
+    where = f"{gpus} GPU(s)" if gpus else "the CPU (no GPU: GPU path NOT checked)"
+    print(f"all {len(outcomes)} steps passed on {where}")
 
 
 if __name__ == "__main__":

@@ -164,7 +164,7 @@ def test_readme_quotes_exactly_the_committed_records():
         assert path.startswith("benchmarks/records/"), path
         tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=REPO, capture_output=True)
         assert tracked.returncode == 0, f"{path} is quoted by the README but not committed"
-        assert body == rendered, f"README block of {path} differs from its record; run benchmarks/report.py --update-readme"
+        assert body == rendered, f"README block of {path} differs from its record: benchmarks/report.py --update-readme"
 
 
 # ---- all_reduce bandwidth ---------------------------------------------------------------------
@@ -181,7 +181,8 @@ def test_sizes_and_repeats():
     assert common.format_size(256 * 2**20) == "256 MiB" and common.format_size(1000) == "1000 B"
     sizes = allreduce_bandwidth.message_sizes(common.parse_size("1K"), common.parse_size("256M"), 4)
     assert sizes[0] == 1024 and sizes[-1] == 256 * 2**20 and len(sizes) == 10
-    assert allreduce_bandwidth.iterations_for(2**30, 2**30) == 5 and allreduce_bandwidth.iterations_for(1024, 2**30) == 200
+    assert allreduce_bandwidth.iterations_for(2**30, 2**30) == 5
+    assert allreduce_bandwidth.iterations_for(1024, 2**30) == 200
 
 
 def test_allreduce_benchmark_runs_on_gloo_and_compares_the_gradient_bucket(tmp_path):

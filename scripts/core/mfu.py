@@ -178,7 +178,8 @@ def find_peak(model, device, threads, run_precision="fp32", given_tflops=None):
         precision = run_precision
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(run_precision, torch.float32)
         tflops = measure_cpu_peak(dtype) / 1e12
-        source = f"measured: {CPU_GEMM_SIZE}x{CPU_GEMM_SIZE} {precision} matrix product, {threads} thread(s), best repeat"
+        size = f"{CPU_GEMM_SIZE}x{CPU_GEMM_SIZE}"
+        source = f"measured: {size} {precision} matrix product, {threads} thread(s), best repeat"
     if given_tflops:
         tflops, source = given_tflops, "--peak-tflops"
     return Peak(tflops * 1e12 if tflops else None, devices, precision, source, settings)
