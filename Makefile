@@ -32,13 +32,15 @@ notebooks: $(ENV)
 	cd notebooks && for nb in [0-9]*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; done
 
-## benchmark: every method and model over the world sizes this machine allows, all_reduce bandwidth and
-## time to 95 %: tables, targets, figures. Records go to $(RECORDS); RECORDS=benchmarks/records keeps them.
+## benchmark: every method and model over the world sizes this machine allows, all_reduce bandwidth, time
+## to 95 %, the CPU step by operator: tables, targets, figures. Records go to $(RECORDS);
+## RECORDS=benchmarks/records keeps them (and draws figs/ from them).
 RECORDS ?= results/benchmarks
 benchmark: $(ENV)
 	$(PY) benchmarks/harness.py --records $(RECORDS)
 	$(PY) benchmarks/allreduce_bandwidth.py --records $(RECORDS)
 	$(PY) benchmarks/time_to_accuracy.py --records $(RECORDS)
+	$(PY) benchmarks/cpu_step_profile.py --records $(RECORDS)
 	$(PY) benchmarks/plots.py --records $(RECORDS)
 
 ## gpu-check: every step of the course on the GPUs present, each record checked, one record of it all

@@ -7,17 +7,19 @@ With N GPUs: one process on one GPU (in-memory batches, then the DataLoader with
 and workers); all_reduce by hand (per parameter, one bucket) and DDP with N processes on NCCL,
 each on cuda:LOCAL_RANK; DataParallel over all N; a DDP checkpoint loaded back onto a GPU with
 map_location; with 2 or more GPUs the equivalence check on NCCL and the all_reduce bandwidth
-sweep; then the benchmark harness for the MNIST Net (DataParallel, the seed-004 recipe against
-the course's baseline, MFU against the GPU's data-sheet peak). Each step's record is checked
+sweep; every notebook, executed into a temporary folder (where Jupyter is installed); then the
+benchmark harness for the MNIST Net (DataParallel, the seed-004 recipe against the course's
+baseline, MFU against the GPU's data-sheet peak). Each step's record is checked
 (device, backend, world size, GPUs counted for MFU) and all of them are written, with the
 hardware, to one JSON record under --records.
 
 Needs only python3 with torch, torchvision, tqdm and matplotlib, and the bundled data: no
-virtual environment, no internet. The notebooks' GPU cells need Jupyter: run `make test` on the
-GPU node for those. Without a GPU it runs the same steps on the CPU (2 processes, a few steps
-each) to check the command itself, and says that the GPU path was not checked.
+virtual environment, no internet (without Jupyter it says that it skips the notebooks). Without
+a GPU it runs the same steps on the CPU (2 processes, a few steps each) to check the command
+itself, and says that the GPU path was not checked.
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -105,10 +107,23 @@ def plan(gpus, results, quick_args, records_dir):
         steps.append(Step(f"all_reduce bandwidth on NCCL, {nproc} GPUs",
                           python(BENCHMARKS / "allreduce_bandwidth.py", "--records", records_dir)))
     if gpus:
+        steps += notebook_steps(results)
         steps.append(Step("benchmark harness on the GPU(s): the MNIST Net, every method",
                           python(BENCHMARKS / "harness.py", "--models", "net", "--repeats", "1",
                                  "--records", records_dir)))
     return steps
+
+
+def notebook_steps(results):
+    """Every notebook executed on this machine (their GPU cells run where there is a GPU), into a
+    temporary folder: the stored notebooks keep their outputs. Needs Jupyter's nbconvert."""
+    if importlib.util.find_spec("nbconvert") is None:
+        print("the notebooks are not run: Jupyter's nbconvert is not installed in this Python "
+              "(with the course's environment, `make test` runs them)", flush=True)
+        return []
+    return [Step(f"notebook {path.name}", [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook",
+                                           "--execute", "--output-dir", results, path])
+            for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))]
 
 
 def run_step(step, results):

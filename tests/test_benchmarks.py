@@ -155,6 +155,26 @@ def test_targets_that_are_missed_or_cannot_be_measured_say_so():
     assert "| **no** |" in table and "not measured: train_allreduce.py has no --mode overlap-bucket yet" in table
 
 
+def test_step_split_subtracts_the_step_without_communication():
+    rows = [dict(model="net", method="DDP", role="scaling", processes=2, threads=1, batch_size=64, step_seconds=0.080),
+            dict(model="net", method="one process", role="compute only", processes=2, threads=1, batch_size=64,
+                 step_seconds=0.070)]
+    assert report.step_split(rows, rows[0], gpus=0) == "80 = 70 + 10"
+    assert report.step_split(rows[:1], rows[0], gpus=0) == "80"  # no reference measured: no split shown
+
+
+def test_cpu_profile_table_shares_and_rates():
+    record = {"hardware": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2.x", "gpus": []}, "threads": 2,
+              "batch_size": 64, "steps": 30, "peak_flops": 200e9, "load_average": [0.1, 0.2],
+              "seconds_per_step": {"convolution": 0.04, "matmul": 0.01, "elementwise and pooling": 0.03,
+                                   "optimizer": 0.02},
+              "flops_per_step": {"convolution": 4e9, "matmul": 0.5e9}}
+    table = report.render_cpu_profile(record)
+    assert "| convolutions (forward and backward) | 40.0 | 40% | 100 | 50% |" in table
+    assert "| linear layers' matrix products | 10.0 | 10% | 50 | 25% |" in table
+    assert "| the whole step | 100.0 | 100% | 45 | 22% |" in table
+
+
 def test_readme_quotes_exactly_the_committed_records():
     """Every README block names a committed record and shows what that record renders to."""
     text = (REPO / "README.md").read_text()
