@@ -98,7 +98,7 @@ def demo_buckets(runtime, args):
     for step in (1, 2):
         events.clear()
         bucket_numels.append([])
-        F.nll_loss(model(images), labels).backward()
+        F.cross_entropy(model(images), labels).backward()
         events.append("  backward() returned")
         steps.append(list(events))
         say(runtime, f"step {step}:", *events)

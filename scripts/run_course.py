@@ -10,6 +10,7 @@ distributed steps train with a larger global batch (the "batch" column).
 Extra arguments after `--` go to every step.
 """
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -27,7 +28,8 @@ STEPS = [  # (label, script, launched by torchrun?, extra arguments)
 
 def run_step(label, script, distributed, extra, args, index):
     run_name = f"step{index}-{script.removesuffix('.py')}"
-    common = ("--epochs", args.epochs, "--results-dir", args.results_dir, "--run-name", run_name, *extra, *args.rest)
+    common = ("--epochs", args.epochs, "--results-dir", args.results_dir, "--run-name", run_name,
+              "--checkpoint-dir", Path(args.results_dir) / "checkpoints" / run_name, *extra, *args.rest)
     print(f"\n=== step {label} ===", flush=True)
     if distributed:
         torchrun(script, *common, nproc=args.nproc)

@@ -49,18 +49,27 @@ def add_arguments(parser):
 
 def main(argv=None):
     args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
-    runtime = distributed.setup(args, process_group=True)
-    train_set, test_set = data.load_datasets(args.dataset, args.data_dir)
+    runtime = distributed.this_process(args)
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)  # before init: NCCL and this process's tensors use this GPU
+    dist.init_process_group(runtime.backend, timeout=runtime.timeout)  # reads RANK, WORLD_SIZE, MASTER_* from torchrun
+    distributed.preflight(runtime)  # one all_reduce now: a wrong world fails here, not in step 1
+    train_set, test_set = data.load_datasets(args.dataset, args.data_dir, runtime)
     model = models.build_model(args).to(runtime.device)
     broadcast_parameters(model)
-    distributed.reseed_for_training(args.seed, runtime)
-    # This rank's shard: every world_size-th index of the same per-epoch shuffle.
+    # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
     optimizer, scheduler = training.make_optimizer(model, args)
     average_gradients = AVERAGE_GRADIENTS[args.mode]
-    return training.fit("train_allreduce", model, optimizer, scheduler, batches, test_set, runtime, args,
-                        after_backward=lambda: average_gradients(model))
+    trainer = training.Trainer("train_allreduce", model, optimizer, scheduler, batches, test_set, runtime, args,
+                               after_backward=lambda: average_gradients(model))
+    for epoch in trainer.epochs():
+        sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
+        trainer.train_epoch(epoch)
+    record = trainer.finish()
+    dist.destroy_process_group()
+    return record
 
 
 if __name__ == "__main__":

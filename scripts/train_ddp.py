@@ -4,33 +4,35 @@ overlapping communication with the rest of the backward pass.
 
     torchrun --nproc-per-node=2 scripts/train_ddp.py --save checkpoints/ddp.pt
 """
-from pathlib import Path
-
+import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from core import cli, data, distributed, models, training
 
 
-def add_arguments(parser):
-    parser.add_argument("--save", type=Path, default=None, help="save the trained weights here (rank 0 only)")
-
-
 def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
-    runtime = distributed.setup(args, process_group=True)
-    train_set, test_set = data.load_datasets(args.dataset, args.data_dir)
+    args = cli.parse_args(argv, description=__doc__)
+    runtime = distributed.this_process(args)
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)  # before init: NCCL and this process's tensors use this GPU
+    dist.init_process_group(runtime.backend, timeout=runtime.timeout)  # reads RANK, WORLD_SIZE, MASTER_* from torchrun
+    distributed.preflight(runtime)  # one all_reduce now: a wrong world fails here, not in step 1
+    train_set, test_set = data.load_datasets(args.dataset, args.data_dir, runtime)
     model = models.build_model(args).to(runtime.device)
     # DDP broadcasts rank 0's weights at construction, then averages gradients in backward.
     model = DDP(model, device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
-    distributed.reseed_for_training(args.seed, runtime)
-    # This rank's shard: every world_size-th index of the same per-epoch shuffle.
+    # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
     optimizer, scheduler = training.make_optimizer(model, args)
-    record = training.fit("train_ddp", model, optimizer, scheduler, batches, test_set, runtime, args)
-    if args.save:
-        distributed.save_checkpoint(model, args.save, runtime)  # rank 0 writes model.module's weights
+    trainer = training.Trainer("train_ddp", model, optimizer, scheduler, batches, test_set, runtime, args)
+    for epoch in trainer.epochs():
+        sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
+        trainer.train_epoch(epoch)
+    record = trainer.finish()  # rank 0 writes the record and, with --save, model.module's weights
+    dist.destroy_process_group()
     return record
 
 

@@ -5,23 +5,25 @@
 Every later step is a small diff of this file:
     diff scripts/train_single.py scripts/train_allreduce.py
 """
-from torch.utils.data.distributed import DistributedSampler
+import torch
+from torch.utils.data import RandomSampler
 
 from core import cli, data, distributed, models, training
 
 
 def main(argv=None):
     args = cli.parse_args(argv, description=__doc__)
-    runtime = distributed.setup(args, process_group=False)
+    runtime = distributed.this_process(args, single_process=True)
     train_set, test_set = data.load_datasets(args.dataset, args.data_dir)
     model = models.build_model(args).to(runtime.device)
-    distributed.reseed_for_training(args.seed, runtime)
-    # One replica: the whole training set, reshuffled each epoch from seed + epoch.
-    # Every step of the course uses this sampler, so all steps see the same order.
-    sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=args.seed)
+    # A new shuffle every epoch, drawn from a generator of its own (a resumed run restores it).
+    sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
     optimizer, scheduler = training.make_optimizer(model, args)
-    return training.fit("train_single", model, optimizer, scheduler, batches, test_set, runtime, args)
+    trainer = training.Trainer("train_single", model, optimizer, scheduler, batches, test_set, runtime, args)
+    for epoch in trainer.epochs():
+        trainer.train_epoch(epoch)
+    return trainer.finish()
 
 
 if __name__ == "__main__":

@@ -1,27 +1,9 @@
 """Bad input gets one clear line naming the fix and a non-zero exit, never a traceback."""
+import shutil
+
 import pytest
 
-from conftest import run_python, run_torchrun
-
-
-def error_lines(done):
-    return [line for line in done.stderr.splitlines() if line.startswith("error:")]
-
-
-def assert_one_line_error(done, *fragments):
-    """The script's own error line, and no traceback from the script.
-
-    Under torchrun the launcher adds one traceback of its own (ChildFailedError) after the
-    children exit; that one is torchrun's, and it comes after the script's line.
-    """
-    assert done.returncode != 0
-    if "Traceback" in done.stderr:
-        assert done.stderr.count("Traceback") == 1 and "ChildFailedError" in done.stderr, done.stderr
-        assert error_lines(done) and done.stderr.index("error:") < done.stderr.index("Traceback")
-    lines = error_lines(done)
-    assert lines, done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from conftest import REPO, assert_one_line_error, run_python, run_torchrun, script_env
 
 
 def test_missing_full_mnist_names_the_download_command(tmp_path):
@@ -49,3 +31,137 @@ def test_single_process_script_under_torchrun_with_two_processes():
 def test_non_positive_numbers_are_refused_by_the_parser(flag):
     done = run_python("train_single.py", flag, "0")
     assert done.returncode == 2 and "must be at least 1" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- caught before any training
+# Each of these must fail before the first epoch ("epoch 1/" never printed) and lose nothing.
+
+SHORT = ("--epochs", 1, "--max-steps", 2)
+
+
+def assert_no_training(done):
+    assert "epoch 1/" not in done.stdout, done.stdout
+
+
+def outputs(tmp_path):
+    return ("--checkpoint-dir", tmp_path / "checkpoints", "--results-dir", tmp_path / "results")
+
+
+def test_results_dir_that_is_a_file(tmp_path):
+    (tmp_path / "taken").write_text("a file\n")
+    done = run_torchrun("train_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
+    assert_one_line_error(done, "--results-dir", "is a file, not a folder")
+    assert_no_training(done)
+
+
+def test_checkpoint_dir_that_is_a_file(tmp_path):
+    (tmp_path / "taken").write_text("a file\n")
+    done = run_python("train_single.py", *SHORT, "--results-dir", tmp_path / "r", "--checkpoint-dir", tmp_path / "taken")
+    assert_one_line_error(done, "--checkpoint-dir", "is a file, not a folder")
+    assert_no_training(done)
+
+
+def test_save_path_that_is_a_folder(tmp_path):
+    done = run_python("train_single.py", *SHORT, *outputs(tmp_path), "--save", tmp_path)
+    assert_one_line_error(done, "--save", "is a folder")
+    assert_no_training(done)
+
+
+def test_save_path_that_cannot_be_written(tmp_path):
+    (tmp_path / "file").write_text("not a folder\n")
+    done = run_torchrun("train_ddp.py", *SHORT, *outputs(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
+    assert_one_line_error(done, "--save's folder", "cannot be created")
+    assert_no_training(done)
+
+
+def test_rank_set_without_the_rest_of_torchruns_variables():
+    done = run_python("train_ddp.py", *SHORT, env=script_env(RANK=0))
+    assert_one_line_error(done, "RANK set but not", "MASTER_ADDR", "start the script with torchrun")
+
+
+def test_inconsistent_world_size():
+    env = script_env(RANK=3, LOCAL_RANK=0, WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=29999)
+    assert_one_line_error(run_python("train_ddp.py", *SHORT, env=env), "inconsistent torchrun variables", "RANK=3")
+
+
+def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
+    raw = tmp_path / "mnist5k" / "MNIST" / "raw"
+    shutil.copytree(REPO / "data" / "mnist5k" / "MNIST" / "raw", raw)
+    images = raw / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:100_000])
+    done = run_python("train_single.py", *SHORT, *outputs(tmp_path), "--data-dir", tmp_path)
+    assert_one_line_error(done, "is damaged", "git checkout -- data/")
+    assert "not found" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-process run with its checkpoints: steps 2 (mid-epoch) and 3 (end)."""
+    folder = tmp_path_factory.mktemp("finished")
+    done = run_torchrun("train_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
+                        "--batch-size", 32, *outputs(folder), "--save", folder / "weights.pt")
+    assert "epoch 1/1" in done.stdout, done.stderr
+    return folder
+
+
+def damaged_copy(finished_run, tmp_path, damage):
+    """The finished run's checkpoints, with the newest one damaged by ``damage(bytes)``."""
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(finished_run / "checkpoints", folder)
+    newest = folder / "checkpoint-00000003.pt"
+    newest.write_bytes(damage(newest.read_bytes()))
+    return folder, newest
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 3], lambda data: b"\x00garbage" * 1000],
+                         ids=["truncated", "corrupt"])
+def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage):
+    folder, newest = damaged_copy(finished_run, tmp_path, damage)
+    before = newest.read_bytes()
+    done = run_torchrun("train_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
+                        "--checkpoint-dir", folder, "--results-dir", tmp_path / "r", "--resume")
+    assert_one_line_error(done, "checkpoint-00000003.pt cannot be read", "move it out of the folder")
+    assert_no_training(done)
+    assert newest.read_bytes() == before and (folder / "checkpoint-00000002.pt").exists()  # nothing lost
+
+
+def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_path):
+    done = run_torchrun("train_ddp.py", *SHORT, "--batch-size", 32, *outputs(tmp_path),
+                        "--resume", finished_run / "weights.pt")
+    assert_one_line_error(done, "is not a checkpoint of this course")
+    assert_no_training(done)
+
+
+@pytest.mark.parametrize("launch, extra, difference", [
+    (run_python, ("--batch-size", 32), "world_size 2 -> 1"),
+    (run_torchrun, ("--batch-size", 64), "batch_size 32 -> 64"),
+    (run_torchrun, ("--batch-size", 32, "--optimizer", "sgd"), "optimizer adam -> sgd"),
+], ids=["world size", "batch size", "optimizer"])
+def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(finished_run / "checkpoints", folder)
+    done = launch("train_ddp.py", "--epochs", 2, *extra, "--checkpoint-dir", folder,
+                  "--results-dir", tmp_path / "r", "--resume")
+    assert_one_line_error(done, "is from another run", difference)
+    assert_no_training(done)
+
+
+def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_path):
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(finished_run / "checkpoints", folder)
+    (folder / "checkpoint-00000003.pt").unlink()  # the newest left is mid-epoch: unfinished
+    done = run_torchrun("train_ddp.py", *SHORT, "--batch-size", 32, "--checkpoint-dir", folder,
+                        "--results-dir", tmp_path / "r")
+    assert_one_line_error(done, "holds an unfinished run", "add --resume")
+    assert_no_training(done)
+    assert (folder / "checkpoint-00000002.pt").exists()
+
+
+def test_a_fresh_start_replaces_a_finished_run(finished_run, tmp_path):
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(finished_run / "checkpoints", folder)
+    done = run_torchrun("train_ddp.py", "--epochs", 1, "--max-steps", 1, "--batch-size", 32,
+                        "--checkpoint-dir", folder, "--results-dir", tmp_path / "r")
+    assert done.returncode == 0, done.stderr
+    assert "starting fresh: the finished run's checkpoints" in done.stdout
+    assert [p.name for p in sorted(folder.glob("checkpoint-*.pt"))] == ["checkpoint-00000001.pt"]

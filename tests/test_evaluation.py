@@ -1,5 +1,6 @@
 """Distributed evaluation counts every test sample once, whatever the world size."""
 import argparse
+import datetime
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def odd_test_set():
 def trained_a_little():
     """A model with a loss well below chance, so a double count would show in the metrics."""
     torch.manual_seed(0)
-    model = models.build_model(argparse.Namespace(model="net", dropout=False))
+    model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
     train, _ = data.load_datasets("mnist5k", DEFAULT_DATA_DIR)
     images, labels = data.as_tensors(Subset(train, range(256)))
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -30,11 +31,12 @@ def trained_a_little():
 
 
 def cpu_runtime(rank, world_size, backend):
-    return distributed.Runtime(rank, rank, world_size, world_size, torch.device("cpu"), backend, 1)
+    return distributed.Runtime(rank, rank, world_size, world_size, torch.device("cpu"), backend, 1,
+                               datetime.timedelta(seconds=60))
 
 
 def evaluate_on_rank(rank, world_size, state):
-    model = models.build_model(argparse.Namespace(model="net", dropout=False))
+    model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
     model.load_state_dict(state)
     runtime = cpu_runtime(rank, world_size, "gloo")
     return training.evaluate(model, training.TestSet(odd_test_set(), runtime), runtime, batch_size=100)

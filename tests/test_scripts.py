@@ -1,9 +1,9 @@
 """Every entry script runs end to end, as a user starts it, and writes a valid JSON record."""
-import pytest
-import torch
+import subprocess
 
-from conftest import assert_ok, read_json, run_python, run_torchrun
-from core import models
+import pytest
+
+from conftest import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
 
 SHORT = ("--epochs", 2, "--max-steps", 4, "--batch-size", 32)
 RECORD_KEYS = {"script", "world_size", "backend", "device", "hardware", "dataset", "model", "batch_size",
@@ -20,9 +20,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_script_runs_and_writes_its_record(case, results_dir):
+def test_script_runs_and_writes_its_record(case, results_dir, tmp_path):
     launch, script, extra, world_size, backend = CASES[case]
-    done = launch(script, *SHORT, *extra, "--results-dir", results_dir, "--run-name", "run")
+    done = launch(script, *SHORT, *extra, "--results-dir", results_dir, "--run-name", "run",
+                  "--checkpoint-dir", tmp_path / "checkpoints")
     assert_ok(done)
     record = read_json(results_dir / "run.json")
     assert RECORD_KEYS <= record.keys()
@@ -41,35 +42,55 @@ def test_script_runs_and_writes_its_record(case, results_dir):
         assert "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)" in done.stdout
 
 
-def test_ddp_saves_unwrapped_weights_that_load_into_a_plain_model(tmp_path, results_dir):
-    checkpoint = tmp_path / "ddp.pt"
-    assert_ok(run_torchrun("train_ddp.py", *SHORT, "--results-dir", results_dir, "--save", checkpoint))
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    assert not any(key.startswith("module.") for key in state)
-    models.Net().load_state_dict(state)  # strict: every key matches
-
-
-def test_allreduce_and_ddp_train_identically(results_dir):
+def test_allreduce_and_ddp_train_identically(results_dir, tmp_path):
     """Same seed, same shards, dropout on but seeded per rank alike: the same numbers."""
     for script, name in (("train_allreduce.py", "allreduce"), ("train_ddp.py", "ddp")):
-        assert_ok(run_torchrun(script, *SHORT, "--results-dir", results_dir, "--run-name", name))
+        assert_ok(run_torchrun(script, *SHORT, "--results-dir", results_dir, "--run-name", name,
+                               "--checkpoint-dir", tmp_path / name))
     allreduce, ddp = read_json(results_dir / "allreduce.json"), read_json(results_dir / "ddp.json")
     for a, d in zip(allreduce["per_epoch"], ddp["per_epoch"]):
         assert a["train_loss"] == pytest.approx(d["train_loss"], abs=1e-5)
         assert a["test_accuracy"] == pytest.approx(d["test_accuracy"], abs=2e-3)
 
 
-def test_dataloader_route_runs_with_workers(results_dir):
+def test_dataloader_route_runs_with_workers(results_dir, tmp_path):
     done = run_python("train_single.py", *SHORT, "--loader", "dataloader", "--workers", 1,
-                      "--results-dir", results_dir, "--run-name", "run")
+                      "--results-dir", results_dir, "--run-name", "run", "--checkpoint-dir", tmp_path / "checkpoints")
     assert_ok(done)
     assert read_json(results_dir / "run.json")["loader"] == "dataloader"
 
 
 @pytest.mark.slow
-def test_ddp_reaches_94_percent_within_three_epochs(results_dir):
-    done = run_torchrun("train_ddp.py", "--epochs", 3, "--seed", 0, "--results-dir", results_dir, "--run-name", "run")
+def test_ddp_reaches_94_percent_within_three_epochs(results_dir, tmp_path):
+    done = run_torchrun("train_ddp.py", "--epochs", 3, "--seed", 0, "--results-dir", results_dir, "--run-name", "run",
+                        "--checkpoint-dir", tmp_path / "checkpoints")
     assert_ok(done)
     record = read_json(results_dir / "run.json")
     assert record["world_size"] == 2 and record["epochs"] == 3
     assert record["final_test_accuracy"] >= 0.94, done.stdout
+
+
+def epoch_orders(record):
+    """The first indices rank 0 trained on in each epoch."""
+    return [tuple(epoch["first_indices"]) for epoch in record["per_epoch"]]
+
+
+def run_ddp_for_orders(script_path, tmp_path, env):
+    command = torchrun_command("train_ddp.py", "--epochs", 3, "--max-steps", 1, "--results-dir", tmp_path / "r",
+                               "--run-name", "orders", "--checkpoint-dir", tmp_path / "c")
+    command[command.index(str(SCRIPTS / "train_ddp.py"))] = str(script_path)
+    assert_ok(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300))
+    return epoch_orders(read_json(tmp_path / "r" / "orders.json"))
+
+
+def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(tmp_path):
+    orders = run_ddp_for_orders(SCRIPTS / "train_ddp.py", tmp_path / "with", script_env())
+    assert len(set(orders)) == 3, orders  # three epochs, three different orders
+    # The same script without its set_epoch line: every epoch repeats the first one's order.
+    source = (SCRIPTS / "train_ddp.py").read_text()
+    assert "sampler.set_epoch(epoch)" in source
+    broken = tmp_path / "broken" / "train_ddp.py"
+    broken.parent.mkdir()
+    broken.write_text("\n".join(line for line in source.splitlines() if "sampler.set_epoch(epoch)" not in line))
+    orders = run_ddp_for_orders(broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS))
+    assert len(set(orders)) == 1, orders

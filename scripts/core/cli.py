@@ -1,5 +1,6 @@
 """The command line shared by every training script, and how errors reach the user."""
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,10 +55,35 @@ def build_parser(description):
     where.add_argument("--threads", type=positive_int, default=None, help="CPU threads per process (default: the cores this job may use / processes on this node)")
     where.add_argument("--timeout", type=positive_int, default=300, help="seconds a collective may wait before the run fails")
 
+    train.add_argument("--accumulate", type=positive_int, default=1,
+                       help="batches per optimizer step (gradient accumulation; DDP skips the all_reduce on all but the last)")
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="fp32 (default); bf16 autocast (CPU or GPU); fp16 autocast with a gradient scaler (GPU only)")
+
     out = parser.add_argument_group("output")
     out.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the JSON record goes (default: results/)")
     out.add_argument("--run-name", default=None, help="file name of the JSON record (default: <script>-w<world size>-<time>)")
+    out.add_argument("--save", type=Path, default=None, help="write the final weights here (rank 0; the plain model, no 'module.' prefix)")
     out.add_argument("--peak-tflops", type=positive_float, default=None, help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
+
+    ckpt = parser.add_argument_group("checkpoints and restarts")
+    ckpt.add_argument("--checkpoint-dir", type=Path, default=None,
+                      help="where checkpoints go (default: checkpoints/<run name, else script name>/)")
+    ckpt.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
+                      help="also checkpoint every N optimizer steps (always: at the end of each epoch)")
+    ckpt.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K", help="keep the newest K (default 3)")
+    ckpt.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
+                      help="continue from the newest checkpoint in --checkpoint-dir if there is one, else start fresh "
+                           "(or from FILE); a run restarted by torchrun always resumes")
+
+    drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
+    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save"], default=None,
+                       help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
+                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint. "
+                            "Only in a run's first attempt: a group torchrun restarts does not repeat it")
+    drill.add_argument("--fault-rank", type=int, default=0, help="the rank the fault hits (default 0)")
+    drill.add_argument("--fault-step", type=positive_int, default=1, help="the optimizer step after which it hits (default 1)")
+    drill.add_argument("--fault-seconds", type=positive_float, default=3600.0, help="how long a stall lasts")
     return parser
 
 
@@ -69,6 +95,8 @@ def parse_args(argv=None, description=None, add_arguments=None):
     args = parser.parse_args(argv)
     if args.workers < 0:
         parser.error("--workers must be 0 or more")
+    if args.fault_rank < 0:
+        parser.error("--fault-rank must be 0 or more")
     return args
 
 
@@ -80,6 +108,16 @@ def run(main, argv=None):
         main(argv)
     except CourseError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RuntimeError as error:
+        if distributed.is_stale_restart_store(error):
+            print(f"error: {distributed.STALE_STORE_HINT}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        if not distributed.is_collective_failure(error):
+            raise
+        rank = os.environ.get("RANK", "0")
+        print(f"error: rank {rank}: a collective failed ({distributed.first_line(error)}); if another rank "
+              f"stalled or died, its log says why", file=sys.stderr, flush=True)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

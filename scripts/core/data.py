@@ -17,10 +17,11 @@ import math
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Sampler, Subset
 from torchvision import datasets, transforms
 
 from . import CourseError
+from .distributed import fail_together, first_line
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -35,22 +36,33 @@ def mnist_transform():
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
 
 
-def load_datasets(name, data_dir):
-    """(train, test) torchvision data sets, read from disk only."""
+def load_datasets(name, data_dir, runtime=None):
+    """(train, test) torchvision data sets, read from disk only.
+
+    With ``runtime`` of a distributed run, every rank loads and the outcome is agreed:
+    a data set missing or damaged on one node stops every rank with the same message.
+    """
+    if runtime is None:
+        return read_datasets(name, data_dir)
+    with fail_together(runtime):
+        return read_datasets(name, data_dir)
+
+
+def read_datasets(name, data_dir):
     if name not in DATASETS:
         raise CourseError(f"unknown --dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     subdir, dataset_class, download_name = DATASETS[name]
     root = Path(data_dir) / subdir
+    fix = ("restore it with: git checkout -- data/" if download_name is None else
+           f"fetch it on a machine with internet: python scripts/download_data.py {download_name} --data-dir {data_dir}")
     try:
         train = dataset_class(root, train=True, download=False, transform=mnist_transform())
         test = dataset_class(root, train=False, download=False, transform=mnist_transform())
-    except RuntimeError as error:  # torchvision: "Dataset not found. You can use download=True ..."
-        if download_name is None:
-            raise CourseError(f"the bundled {name} data is missing from {root}; restore it with: git checkout -- data/") from None
-        raise CourseError(
-            f"{name} not found under {root} ({error}); fetch it on a machine with internet: "
-            f"python scripts/download_data.py {download_name} --data-dir {data_dir}"
-        ) from None
+    except RuntimeError as error:
+        if "not found" in str(error):  # torchvision: "Dataset not found. You can use download=True ..."
+            raise CourseError(f"{name} not found under {root}; {fix}") from None
+        # The files are there but do not parse: a copy cut short, or overwritten.
+        raise CourseError(f"{name} under {root} is damaged ({first_line(error)}); {fix}") from None
     return train, test
 
 
@@ -72,25 +84,82 @@ class TensorBatches:
         images, labels = as_tensors(dataset)
         self.images, self.labels = images.to(device), labels.to(device)
         self.sampler, self.batch_size = sampler, batch_size
+        self.order = None  # the indices of the last epoch, in the order trained
 
     def __len__(self):
         return math.ceil(len(self.sampler) / self.batch_size)  # the last batch may be short
 
     def __iter__(self):
-        order = torch.tensor(list(self.sampler), device=self.images.device)
-        for start in range(0, len(order), self.batch_size):
+        return self.iterate()
+
+    def iterate(self, skip_batches=0, seed=None):
+        """This epoch's batches, after the first ``skip_batches`` (already trained before a resume).
+        (``seed`` is for the DataLoader route's workers; in-memory batches draw no random numbers.)"""
+        self.order = torch.tensor(list(self.sampler))
+        order = self.order.to(self.images.device)
+        for start in range(skip_batches * self.batch_size, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             yield self.images[batch], self.labels[batch]
+
+    def sample_inputs(self, count=2):
+        """A few inputs, without touching the sampler (whose state decides the data order)."""
+        return self.images[:count]
+
+
+class SkippingSampler(Sampler):
+    """Yields the wrapped sampler's indices after the first ``skip`` of them, and keeps
+    the whole order of the epoch. The DataLoader asks it for indices in the main
+    process, so setting ``skip`` before an epoch is enough, workers or not."""
+
+    def __init__(self, sampler):
+        self.sampler, self.skip, self.order = sampler, 0, None
+
+    def __iter__(self):
+        self.order = torch.tensor(list(self.sampler))
+        return iter(self.order[self.skip:].tolist())
+
+    def __len__(self):
+        return max(0, len(self.sampler) - self.skip)
+
+
+class LoaderBatches:
+    """The DataLoader route: per-sample transforms, worker processes, pinned memory."""
+
+    def __init__(self, dataset, sampler, batch_size, args):
+        self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
+        self.skipping = SkippingSampler(sampler)
+        self.loader = DataLoader(
+            dataset, batch_size=batch_size, sampler=self.skipping,
+            num_workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.workers > 0,
+        )
+
+    def __len__(self):
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self):
+        return self.iterate()
+
+    def iterate(self, skip_batches=0, seed=None):
+        """This epoch's batches after the first ``skip_batches``. ``seed`` seeds the loader's
+        own generator (its workers' seeds), so that it draws nothing from the training's
+        random stream."""
+        self.skipping.skip = skip_batches * self.batch_size
+        self.loader.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return iter(self.loader)
+
+    @property
+    def order(self):
+        return self.skipping.order
+
+    def sample_inputs(self, count=2):
+        return torch.stack([self.dataset[i][0] for i in range(count)])
 
 
 def train_batches(dataset, sampler, batch_size, args, device):
     """The training batches of this process, by the route ``--loader`` names."""
     if args.loader == "tensor":
         return TensorBatches(dataset, sampler, batch_size, device)
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler,
-        num_workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.workers > 0,
-    )
+    return LoaderBatches(dataset, sampler, batch_size, args)
 
 
 def evaluation_shard(dataset, rank, world_size):

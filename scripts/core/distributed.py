@@ -1,16 +1,26 @@
-"""Where a process runs and who its peers are: device, backend, threads, process group.
+"""Who a process is, where it runs, and how the ranks agree, fail and report together.
 
 The rules the course teaches, in one place:
-- torchrun tells each process who it is through RANK, LOCAL_RANK, WORLD_SIZE and
-  LOCAL_WORLD_SIZE; without them the script is one process of a world of one;
-- a GPU process uses ``cuda:LOCAL_RANK`` (never the global RANK: node 2 has no
-  GPU number 4) and calls ``torch.cuda.set_device`` before ``init_process_group``;
+- torchrun tells each process who it is through RANK, LOCAL_RANK, WORLD_SIZE,
+  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; without any of them a script is one
+  process of a world of one;
+- a GPU process uses ``cuda:LOCAL_RANK`` (never the global RANK: node 2 has no GPU
+  number 4) and calls ``torch.cuda.set_device`` before ``init_process_group``;
 - NCCL goes with CUDA, gloo with the CPU;
-- each process gets a deliberate share of the CPU cores.
+- each process gets a deliberate share of the CPU cores;
+- a check that can fail on one rank only (data missing on one node, say) is agreed by
+  every rank, so all of them stop with the same message instead of the healthy ones
+  waiting for the whole ``--timeout``.
+
+The step scripts call ``torch.cuda.set_device``, ``dist.init_process_group`` and
+``dist.destroy_process_group`` themselves: those calls are the lesson. The demos use
+``setup``, which does the same in one call.
 """
 import datetime
 import os
 import socket
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,38 +28,68 @@ import torch.distributed as dist
 
 from . import CourseError
 
+# What torchrun sets for every worker it starts.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 @dataclass
 class Runtime:
-    """What a process knows about itself once set up."""
+    """What a process knows about itself before and after it joins the process group."""
 
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
     device: torch.device
-    backend: str | None  # None: no process group (one process, no collectives)
+    backend: str | None  # None: a single-process script, no process group
     threads: int
+    timeout: datetime.timedelta
 
     @property
     def is_main(self):
         """Rank 0 alone prints, writes records and saves checkpoints."""
         return self.rank == 0
 
+    @property
+    def distributed(self):
+        """True once this process is in a process group (a world of one counts)."""
+        return dist.is_available() and dist.is_initialized()
 
-def launched_by_torchrun():
-    return "RANK" in os.environ
+
+def launched_by_torchrun(env=None):
+    env = os.environ if env is None else env
+    return any(name in env for name in TORCHRUN_VARIABLES)
 
 
-def process_layout():
-    """(rank, local_rank, world_size, local_world_size) from torchrun's variables."""
-    env = os.environ
-    return (
-        int(env.get("RANK", 0)),
-        int(env.get("LOCAL_RANK", 0)),
-        int(env.get("WORLD_SIZE", 1)),
-        int(env.get("LOCAL_WORLD_SIZE", 1)),
-    )
+def process_layout(env=None):
+    """(rank, local_rank, world_size, local_world_size) from torchrun's variables, checked.
+
+    None of them set: a world of one. Some but not all: an error that names what is
+    missing, before anything waits on a rendezvous that will never complete.
+    """
+    env = os.environ if env is None else env
+    if not launched_by_torchrun(env):
+        return 0, 0, 1, 1
+    present = [name for name in TORCHRUN_VARIABLES if name in env]
+    missing = [name for name in TORCHRUN_VARIABLES if name not in env]
+    if missing:
+        raise CourseError(
+            f"{', '.join(present)} set but not {', '.join(missing)}: start the script with torchrun, which sets "
+            f"all of them, or unset {', '.join(present)} to run a single process"
+        )
+    try:
+        rank, local_rank, world_size, local_world_size = (
+            int(env[name]) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    except ValueError:
+        raise CourseError("RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be whole numbers; "
+                          "start the script with torchrun, which sets them") from None
+    if not (0 <= rank < world_size and 0 <= local_rank < local_world_size <= world_size):
+        raise CourseError(
+            f"inconsistent torchrun variables: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world_size} "
+            f"LOCAL_WORLD_SIZE={local_world_size} (need 0 <= RANK < WORLD_SIZE and LOCAL_RANK < LOCAL_WORLD_SIZE "
+            f"<= WORLD_SIZE); start the script with torchrun instead of setting them by hand"
+        )
+    return rank, local_rank, world_size, local_world_size
 
 
 def usable_cpus():
@@ -85,50 +125,53 @@ def pick_backend(requested, device):
     return requested
 
 
-def setup(args, process_group):
-    """Choose device and threads, seed, and (when ``process_group``) join the process group.
+def this_process(args, single_process=False):
+    """Who this process is and where it runs: rank, device, backend, threads. No collectives yet.
 
-    Every rank seeds the same before the model is built, so all ranks start from the
-    same weights; ``reseed_for_training`` then gives each rank its own dropout stream.
+    ``single_process``: the script trains in one process (the baseline, DataParallel)
+    and refuses to be started several times by torchrun.
     """
     rank, local_rank, world_size, local_world_size = process_layout()
-    if not process_group and world_size > 1:
+    if single_process and world_size > 1:
         raise CourseError("this script runs a single process; start it with python, not torchrun --nproc-per-node>1")
+    if not launched_by_torchrun() and not single_process:
+        use_world_of_one()
     device = pick_device(args.device, local_rank, local_world_size)
+    backend = None if single_process else pick_backend(args.backend, device)
     threads = args.threads or max(1, usable_cpus() // local_world_size)
     torch.set_num_threads(threads)  # torchrun sets OMP_NUM_THREADS=1 unless told otherwise
-    backend = None
-    if process_group:
-        backend = pick_backend(args.backend, device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # before init, so NCCL and all_gather_object use this GPU
-        init_process_group(backend, rank, world_size, args.timeout)
-    runtime = Runtime(rank, local_rank, world_size, local_world_size, device, backend, threads)
+    runtime = Runtime(rank, local_rank, world_size, local_world_size, device, backend, threads,
+                      datetime.timedelta(seconds=args.timeout))
     if runtime.is_main:
-        print(
-            f"device {device}, backend {backend or 'none'}, world size {world_size}, "
-            f"{threads} CPU thread(s) per process",
-            flush=True,
-        )
-    if process_group:
-        preflight(runtime)
-    torch.manual_seed(args.seed)
+        print(f"device {device}, backend {backend or 'none'}, world size {world_size}, "
+              f"{threads} CPU thread(s) per process", flush=True)
     return runtime
 
 
-def reseed_for_training(seed, runtime):
-    """After the model is built: a different random stream per rank (dropout masks)."""
-    torch.manual_seed(seed + runtime.rank)
+def use_world_of_one():
+    """Plain ``python script.py``: set what torchrun would set for a single process, so
+    that ``dist.init_process_group`` reads the same variables either way."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
-def init_process_group(backend, rank, world_size, timeout_seconds):
-    timeout = datetime.timedelta(seconds=timeout_seconds)
-    if launched_by_torchrun():
-        # torchrun set MASTER_ADDR and MASTER_PORT; the env:// default reads them.
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
-    else:
-        # Plain `python script.py`: a world of one, with an in-memory store (no port).
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def setup(args, process_group=True):
+    """Everything a demo needs in one call: this process, set_device, init and pre-flight.
+    The step scripts spell these calls out instead."""
+    runtime = this_process(args, single_process=not process_group)
+    if process_group:
+        if runtime.device.type == "cuda":
+            torch.cuda.set_device(runtime.device)
+        dist.init_process_group(runtime.backend, timeout=runtime.timeout)
+        preflight(runtime)
+    torch.manual_seed(args.seed)
+    return runtime
 
 
 def preflight(runtime):
@@ -151,9 +194,37 @@ def preflight(runtime):
 
 def gather_from_all_ranks(value):
     """Every rank's ``value`` (any picklable object), as a list indexed by rank, on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
     values = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
+
+
+@contextmanager
+def fail_together(runtime):
+    """Run a check on every rank; if it fails on any of them, every rank raises the same error.
+
+        with fail_together(runtime):
+            train_set, test_set = load_datasets(...)
+
+    Without this, the rank whose check failed exits, and the others wait in their
+    next collective for the whole --timeout before they learn anything.
+    """
+    problem = None
+    try:
+        yield
+    except CourseError as error:
+        problem = str(error)
+    except OSError as error:
+        problem = f"{error.strerror or error}: {error.filename}" if error.filename else str(error)
+    problems = gather_from_all_ranks((problem, socket.gethostname()))
+    failed = [(rank, text, host) for rank, (text, host) in enumerate(problems) if text]
+    if failed:
+        rank, text, host = failed[0]
+        where = f"rank {rank} ({host}): " if len(problems) > 1 else ""
+        others = f" [and on {len(failed) - 1} more rank(s)]" if len(failed) > 1 else ""
+        raise CourseError(f"{where}{text}{others}")
 
 
 def describe_world(hosts):
@@ -197,25 +268,105 @@ def largest_difference_from_rank0(tensors):
 
 
 def barrier(runtime):
-    if runtime.backend is not None:
+    if runtime.distributed:
         dist.barrier()
-
-
-def save_checkpoint(model, path, runtime):
-    """Rank 0 saves the unwrapped weights (no ``module.`` prefix); the others wait for it."""
-    if runtime.is_main:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(unwrap(model).state_dict(), path)
-        print(f"saved {path.name}", flush=True)
-    barrier(runtime)
-
-
-def load_checkpoint(model, path, device):
-    """Load onto this process's own device, never onto the GPU that saved it."""
-    state = torch.load(path, map_location=device, weights_only=True)
-    unwrap(model).load_state_dict(state)
 
 
 def teardown():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- who fell behind
+
+class Progress:
+    """Each rank posts the step it reached to the job's key-value store, at most once a second.
+
+    When a collective times out, the rank that waited reads every rank's last post and
+    can say which one fell behind or died, instead of only "timed out". The store is
+    the one every rank already shares: torchrun's, at MASTER_ADDR:MASTER_PORT.
+    """
+
+    INTERVAL = 1.0  # seconds between posts: negligible next to a training step
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.store = None
+        self.last_post = float("-inf")
+        if runtime.world_size > 1:
+            try:
+                self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                           is_master=False, timeout=datetime.timedelta(seconds=10))
+            except (RuntimeError, KeyError, ValueError):
+                self.store = None  # diagnosis only: training does not depend on it
+
+    def post(self, step, state="training", force=False):
+        now = time.time()
+        if self.store is None or (not force and now - self.last_post < self.INTERVAL):
+            return
+        self.last_post = now
+        try:
+            self.store.set(f"course/progress/{self.runtime.rank}", f"{step} {now:.3f} {state}")
+        except RuntimeError:
+            self.store = None
+
+    def others(self):
+        """[(rank, step, seconds since its last post, state)] of every other rank, where known."""
+        if self.store is None:
+            return []
+        seen = []
+        for rank in range(self.runtime.world_size):
+            if rank == self.runtime.rank:
+                continue
+            try:
+                if not self.store.check([f"course/progress/{rank}"]):
+                    seen.append((rank, None, None, "never reported"))
+                    continue
+                step, stamp, state = self.store.get(f"course/progress/{rank}").decode().split(" ", 2)
+                seen.append((rank, int(step), time.time() - float(stamp), state))
+            except (RuntimeError, ValueError):
+                return seen  # the store itself is gone: the job is ending
+        return seen
+
+    def explain_collective_failure(self, error, step):
+        """One line: what happened to this rank's collective, and who seems to be behind."""
+        text = first_line(error)
+        if "Timed out" in text or "timeout" in text.lower():
+            what = f"waited longer than --timeout {self.runtime.timeout.total_seconds():.0f} s in a collective"
+        else:
+            what = f"lost a peer in a collective ({text})"
+        laggards = [f"rank {rank} last reported step {s} {age:.0f} s ago ({state})" if s is not None
+                    else f"rank {rank} {state}"
+                    for rank, s, age, state in self.others() if s is None or s < step or state != "training"]
+        who = "; ".join(laggards) if laggards else "the other ranks' progress is unknown; their logs say why"
+        return (f"rank {self.runtime.rank} {what} at step {step}: {who}. A stalled or dead rank stops every rank; "
+                f"look at its log first")
+
+
+def is_collective_failure(error):
+    """True for the errors a collective raises when a peer stalls or dies (gloo and NCCL)."""
+    if isinstance(error, dist.DistBackendError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("Timed out", "Connection closed by peer", "Connection reset by peer",
+                                      "Socket Timeout"))
+
+
+# torch 2.14's torchrun keeps one key-value store for every attempt of a worker group, so
+# after a restart a worker can read a dead peer's address left by the attempt before and
+# fail to connect (pytorch/pytorch#167288). With this variable set for torchrun, each
+# attempt gets a fresh store. The course's launchers set it; by hand:
+#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --max-restarts=3 ...
+FRESH_STORE_PER_ATTEMPT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+STALE_STORE_HINT = ("a worker group restarted by torchrun could not connect to its peers: torchrun reused the store of "
+                    "the failed attempt (pytorch/pytorch#167288); run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                    "set, as the course's launchers do")
+
+
+def is_stale_restart_store(error):
+    """The symptom of that bug: a restarted group whose first connection is refused."""
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return restarted and shared and "connectFullMesh" in str(error) or (
+        restarted and shared and "Connection refused" in str(error) and not dist.is_initialized())

@@ -9,9 +9,10 @@ from . import CourseError
 class Net(nn.Module):
     """The MNIST network of the pytorch/examples recipe: two convolutions, two linear layers.
 
-    It returns log-probabilities, so the loss is ``F.nll_loss`` (log_softmax followed
-    by nll_loss is cross-entropy; feeding softmax into CrossEntropyLoss would apply
-    it twice).
+    It returns logits, one raw score per class, and the loss is ``F.cross_entropy``,
+    which applies log_softmax itself. (The recipe ends the network in log_softmax and
+    uses nll_loss: the same function in two pieces. Feeding softmax into
+    cross_entropy, a common slip, would apply it twice.)
     """
 
     def __init__(self, dropout=True):
@@ -28,13 +29,15 @@ class Net(nn.Module):
         x = F.relu(self.conv2(x))
         x = self.dropout1(F.max_pool2d(x, 2))
         x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))))
-        return F.log_softmax(self.fc2(x), dim=1)
+        return self.fc2(x)
 
 
 MODELS = {"net": Net}
 
 
 def build_model(args):
+    """The model ``--model`` names, initialised from ``--seed``: the same weights on every rank."""
     if args.model not in MODELS:
         raise CourseError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
+    torch.manual_seed(args.seed)
     return MODELS[args.model](dropout=args.dropout)

@@ -8,11 +8,13 @@
 """
 import difflib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from .cli import REPO
+from .distributed import FRESH_STORE_PER_ATTEMPT
 
 SCRIPTS = REPO / "scripts"
 FIGS = REPO / "figs"
@@ -35,7 +37,8 @@ def python(script, *args, timeout=600, echo=True):
 
 
 def run_and_check(command, script, timeout, echo):
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, **FRESH_STORE_PER_ATTEMPT}  # torchrun restarts need a fresh store (core.distributed)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     output = done.stdout + strip_launcher_banner(done.stderr)
     if echo or done.returncode != 0:  # a failed run always shows why
         print(output.rstrip())

@@ -44,11 +44,6 @@ def training_flops_per_sample(model, images):
     return counter.get_total_flops() / len(sample)
 
 
-def first_batch_images(batches):
-    images, _ = next(iter(batches))
-    return images
-
-
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -85,9 +80,10 @@ class RunLog:
 
     def __init__(self, script, model, batches, runtime, args):
         self.runtime, self.args = runtime, args
-        self.flops_per_sample = training_flops_per_sample(model, first_batch_images(batches).to(runtime.device))
+        self.flops_per_sample = training_flops_per_sample(model, batches.sample_inputs().to(runtime.device))
         self.peak = peak_flops(runtime, args)
         self.started = time.perf_counter()
+        self.seconds_before = 0.0  # training time of earlier attempts, when resumed from a checkpoint
         self.record = {
             "script": script,
             "world_size": runtime.world_size,
@@ -106,11 +102,21 @@ class RunLog:
             "per_epoch": [],
         }
 
-    def log_epoch(self, epoch, train_loss, samples, seconds, metrics):
+    def restore(self, history, seconds_before):
+        """Continue the record of a resumed run: its earlier epochs and their time."""
+        self.record["per_epoch"] = list(history)
+        self.seconds_before = seconds_before
+
+    def elapsed(self):
+        """Seconds this run has taken so far, earlier attempts included."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+    def log_epoch(self, epoch, train_loss, samples, seconds, metrics, steady=None):
+        """``steady``: (samples, seconds) of the epoch without the process's warm-up steps, for MFU."""
         throughput = samples / seconds
         mfu = None
-        if self.peak:
-            mfu = throughput * self.flops_per_sample / (self.peak * self.runtime.world_size)
+        if self.peak and steady and steady[1] > 0:
+            mfu = steady[0] / steady[1] * self.flops_per_sample / (self.peak * self.runtime.world_size)
         entry = {"epoch": epoch, "train_loss": train_loss, **metrics, "seconds": seconds,
                  "samples_per_second": throughput, "mfu": mfu}
         self.record["per_epoch"].append(entry)
@@ -126,7 +132,7 @@ class RunLog:
     def finish(self):
         last = self.record["per_epoch"][-1]
         self.record.update(
-            total_seconds=time.perf_counter() - self.started,
+            total_seconds=self.elapsed(),
             final_test_accuracy=last["test_accuracy"],
             final_test_loss=last["test_loss"],
             final_train_loss=last["train_loss"],
