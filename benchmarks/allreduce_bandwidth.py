@@ -24,6 +24,9 @@ import common  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+INPUT_SHAPES = {"net": (1, 28, 28), "resnet18": (3, 32, 32)}  # one sample of each model's data
+
+
 def message_sizes(smallest, largest, factor):
     sizes, size = [], smallest
     while size <= largest:
@@ -83,8 +86,8 @@ def gradient_allreduce(device, model_name, iterations):
     from core import models
     import train_allreduce
 
-    model = models.build_model(argparse.Namespace(model=model_name, dropout=False)).to(device)
-    sample = torch.randn(2, 1, 28, 28, device=device)
+    model = models.build_model(argparse.Namespace(model=model_name, dropout=False, seed=0)).to(device)
+    sample = torch.randn(2, *INPUT_SHAPES[model_name], device=device)
     model(sample).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     size = sum(g.numel() * g.element_size() for g in grads)

@@ -14,8 +14,10 @@ set) is skipped, and the output says so, so the harness keeps working while the 
 World sizes: every GPU count up to the GPUs present; on a CPU, processes x threads held to the
 cores (2 cores: 1 process x 2 threads, 2 processes x 1 thread, and 1 x 1 as the per-core unit for
 scaling efficiency). Runs alternate within each repeat, so a busy moment hits every variant alike;
-the tables show medians over repeats. Steady state: the first epoch of every run pays for start-up
-and is left out of throughput, step time and MFU (it counts for time to accuracy).
+the tables show medians over repeats. Steady state: the scripts leave each process's first steps
+(memory allocation, kernel choice, the first collectives) out of the throughput they record, and
+throughput, s/epoch, step time and MFU here are those steady numbers; time to accuracy counts
+everything but evaluation.
 
 Compute against communication: the same step with no communication is timed by running, at the
 same moment, as many independent one-process runs (same per-process batch, threads and steps) as
@@ -202,39 +204,35 @@ def why_not_accepted(output):
     return None
 
 
-def steady_epochs(record):
-    """The epochs after the first (which pays for start-up); all of them if there is only one."""
-    epochs = record["per_epoch"]
-    return epochs[1:] if len(epochs) > 1 else epochs
+def steady_throughput(record):
+    """Samples/s of one run in steady state: each epoch's rate without the process's warm-up steps
+    (the scripts leave the first steps out), averaged over the epochs."""
+    rates = [epoch["steady_samples_per_second"] for epoch in record["per_epoch"]
+             if epoch.get("steady_samples_per_second")]
+    return statistics.mean(rates)
 
 
 def summarize(run, records):
     """One repeat of a run as numbers (``records``: one per process for "compute only")."""
-    steady = [epoch for record in records for epoch in steady_epochs(record)]
     record = records[0]
-    seconds = statistics.mean(epoch["seconds"] for epoch in steady)
-    steps = steps_in_epoch(record)
-    mfus = [epoch["mfu"] for epoch in steady if epoch.get("mfu") is not None]
+    rates = [steady_throughput(r) for r in records]
+    throughput = sum(rates)  # "compute only": independent processes side by side
+    # A step is one batch of each process (with --accumulate, one micro-batch).
+    step_seconds = statistics.mean(r["batch_size"] * r["world_size"] / rate for r, rate in zip(records, rates))
+    first = record["per_epoch"][0]
+    samples_per_epoch = round(first["samples_per_second"] * first["seconds"]) * len(records)
+    mfus = [epoch["mfu"] for r in records for epoch in r["per_epoch"] if epoch.get("mfu") is not None]
     return {
-        "samples_per_second": statistics.mean(epoch["samples_per_second"] for epoch in steady) * len(records),
-        "seconds_per_epoch": seconds,
-        "step_seconds": seconds / steps,
-        "steps_per_epoch": steps,
+        "samples_per_second": throughput,
+        "seconds_per_epoch": samples_per_epoch / throughput,
+        "step_seconds": step_seconds,
         "mfu": statistics.mean(mfus) if mfus else None,
         "peak": record.get("peak"),
         "time_to_target": time_to_target(record, run.model.target_accuracy),
         "final_test_accuracy": record["final_test_accuracy"],
         "global_batch_size": record["global_batch_size"] * len(records),
         "world_size": record["world_size"],
-        "hardware": record["hardware"],
     }
-
-
-def steps_in_epoch(record):
-    """Optimizer steps each process took in one epoch, from the samples the record counts."""
-    epoch = record["per_epoch"][-1]
-    samples_per_process = round(epoch["samples_per_second"] * epoch["seconds"]) / record["world_size"]
-    return math.ceil(samples_per_process / record["batch_size"])
 
 
 def time_to_target(record, target):

@@ -15,6 +15,7 @@ and the median over seeds is what to compare). Recipes alternate within each rep
 so a slower or busier moment of the machine hits every recipe alike.
 """
 import argparse
+import datetime
 import statistics
 import sys
 import time
@@ -41,9 +42,8 @@ def parse_recipe(text):
 def run_once(recipe, train_set, test_set, args, runtime, seed):
     loader, optimizer_name, lr, batch_size = recipe
     run_args = argparse.Namespace(loader=loader, workers=0, pin_memory=False, optimizer=optimizer_name,
-                                  lr=lr, gamma=0.7, model="net", dropout=True)
-    torch.manual_seed(seed)
-    model = models.build_model(run_args)
+                                  lr=lr, gamma=0.7, model="net", dropout=True, seed=seed)
+    model = models.build_model(run_args)  # seeded from seed: every recipe starts from the same weights
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed)
     batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)
     optimizer, scheduler = training.make_optimizer(model, run_args)
@@ -80,7 +80,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipes = dict(RECIPES, **dict(args.recipe))
-    runtime = distributed.Runtime(0, 0, 1, 1, torch.device("cpu"), None, args.threads)
+    runtime = distributed.Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                                  backend=None, threads=args.threads, timeout=datetime.timedelta(seconds=300))
     train_set, test_dataset = data.load_datasets("mnist5k", common.REPO / "data")
     test_set = training.TestSet(test_dataset, runtime)
     runs = {name: [] for name in recipes}

@@ -114,16 +114,24 @@ def test_dataparallel_peak_is_the_sum_of_its_gpus(monkeypatch):
     peak = mfu.find_peak(model, torch.device("cuda", 0), threads=1)
     assert (peak.flops_per_device, peak.devices_per_process, peak.precision) == (156e12, 4, "tf32")
     assert "data sheet" in peak.source and peak.tf32 == DEFAULT_TF32
-    assert mfu.world_peak_flops(peak) == 4 * 156e12
+    assert mfu.world_peak_flops(peak, processes=1) == 4 * 156e12
     # 1e6 samples/s at 72 MFLOP each: 72 TFLOP/s of model arithmetic, 11.5 % of 4 x 156 TFLOP/s.
-    assert mfu.model_flops_utilization(1e6, 72e6, mfu.world_peak_flops(peak)) == pytest.approx(72e12 / 624e12)
+    assert mfu.model_flops_utilization(1e6, 72e6, mfu.world_peak_flops(peak, 1)) == pytest.approx(72e12 / 624e12)
+
+
+def test_ddp_peak_counts_one_gpu_per_process(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(mfu, "tf32_settings", lambda: NO_TF32)
+    peak = mfu.find_peak(nn.Linear(2, 2), torch.device("cuda", 3), threads=1)
+    assert (peak.devices_per_process, peak.precision) == (1, "fp32")
+    assert mfu.world_peak_flops(peak, processes=8) == 8 * 67e12
 
 
 def test_unknown_gpu_reports_no_mfu_unless_the_peak_is_given(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA RTX A4000")
     peak = mfu.find_peak(nn.Linear(2, 2), torch.device("cuda", 0), threads=1)
     assert peak.flops_per_device is None and "not in the peak table" in peak.source
-    assert mfu.model_flops_utilization(1000, 72e6, mfu.world_peak_flops(peak)) is None
+    assert mfu.model_flops_utilization(1000, 72e6, mfu.world_peak_flops(peak, 2)) is None
     given = mfu.find_peak(nn.Linear(2, 2), torch.device("cuda", 0), threads=1, given_tflops=19.2)
     assert (given.flops_per_device, given.source) == (19.2e12, "--peak-tflops")
 
@@ -138,6 +146,7 @@ def test_mfu_formula():
     # 1,000 samples/s x 72 MFLOP = 72 GFLOP/s, against 2 processes x 100 GFLOP/s.
     assert mfu.model_flops_utilization(1000, 72e6, 2 * 100e9) == pytest.approx(0.36)
     assert mfu.model_flops_utilization(1000, 72e6, None) is None
+    assert mfu.model_flops_utilization(None, 72e6, 1e11) is None  # an epoch of warm-up steps only
 
 
 def test_flop_count_of_the_net_matches_a_count_by_hand():

@@ -15,12 +15,12 @@ Four things decide whether that number can be trusted, and each has a function h
   measured, once per run, with a short matrix product in the run's precision and thread count.
 """
 import copy
+import os
 import re
 import time
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -178,27 +178,24 @@ def find_peak(model, device, threads, run_precision="fp32", given_tflops=None):
         precision = run_precision
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(run_precision, torch.float32)
         tflops = measure_cpu_peak(dtype) / 1e12
-        size = f"{CPU_GEMM_SIZE}x{CPU_GEMM_SIZE}"
-        source = f"measured: {size} {precision} matrix product, {threads} thread(s), best repeat"
+        size, load = f"{CPU_GEMM_SIZE}x{CPU_GEMM_SIZE}", os.getloadavg()[0]
+        source = (f"measured: {size} {precision} matrix product, {threads} thread(s), best of {CPU_GEMM_SECONDS} s "
+                  f"(1-minute load average {load:.2f}: other work on the machine lowers it)")
     if given_tflops:
         tflops, source = given_tflops, "--peak-tflops"
     return Peak(tflops * 1e12 if tflops else None, devices, precision, source, settings)
 
 
-def world_peak_flops(peak):
-    """Peak FLOP/s of every device of every process (each process adds its own; CPUs may differ)."""
+def world_peak_flops(peak, processes):
+    """Peak FLOP/s of every device of every process: the processes are alike (one GPU each, or the
+    same share of a CPU's cores), so this process's peak stands for each of them."""
     if peak.flops_per_device is None:
         return None
-    total = torch.tensor(peak.flops_per_device * peak.devices_per_process, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            total = total.cuda()
-        dist.all_reduce(total)
-    return total.item()
+    return peak.flops_per_device * peak.devices_per_process * processes
 
 
 def model_flops_utilization(samples_per_second, flops_per_sample, total_peak_flops):
     """MFU: model FLOP/s achieved over the peak FLOP/s of all devices together (None if unknown)."""
-    if not total_peak_flops:
+    if not total_peak_flops or samples_per_second is None:
         return None
     return samples_per_second * flops_per_sample / total_peak_flops
