@@ -1,4 +1,4 @@
-"""The exercises of notebooks 00-04: each check passes the solution, fails a wrong answer, and
+"""The exercises of the notebooks: each check passes the solution, fails a wrong answer, and
 says "not attempted yet" for the placeholder; and no stored notebook shows an answer.
 
 A solution lives in notebooks/solutions/ and reaches a notebook only when the participant
@@ -124,6 +124,9 @@ def wrong_answers(exercise_id, extra):
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
+        "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
+        "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
+                 (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
     }[exercise_id]
 
 
@@ -134,9 +137,9 @@ def placeholder_function(*args):
 IDS = sorted(EXERCISES)
 
 
-def test_every_notebook_00_to_04_has_exercises():
+def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
-        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp"]
+        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp", "08_performance"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
