@@ -52,15 +52,33 @@ def skipped(name, goal, why):
 
 
 def check_targets(record):
-    """Each target as measured in this record: met True/False, or None with the reason it was not measured."""
+    """Each target as measured in this record: met True/False, or None with the reason it was not judged."""
     rows, gpus = record["rows"], record["machine"]["gpus"]
     model = "net"
     world = largest_world(rows, model)
     step = {m: (find(rows, model=model, method=m, processes=world, role="scaling") or {}).get("step_seconds")
             for m in ("all_reduce per-parameter", "all_reduce bucket", "all_reduce overlap",
                       "all_reduce overlap-bucket", "DDP")}
-    return [ddp_against_threads(rows, gpus, world), *overlap_targets(step, world),
-            recipe_speedup(rows, gpus), baseline_mfu(rows, gpus, record["machine"]["cores"])]
+    targets = [ddp_against_threads(rows, gpus, world), *overlap_targets(step, world),
+               recipe_speedup(rows, gpus), baseline_mfu(rows, gpus, record["machine"]["cores"])]
+    return [unjudged_when_busy(t, record) for t in targets]
+
+
+def oversubscribed(record):
+    """The highest load average while measuring, if it exceeded the CPU cores (else None). On a CPU
+    run, more runnable work than cores means the runs shared their cores with other jobs."""
+    load = (record.get("load_average") or {}).get("max")
+    cores = record["machine"]["cores"]
+    return load if load is not None and not record["machine"]["gpus"] and load > cores else None
+
+
+def unjudged_when_busy(measured, record):
+    """A ratio measured while other work outnumbered the cores is shown, but not judged."""
+    load = oversubscribed(record)
+    if load is None or measured["met"] is None:
+        return measured
+    return {**measured, "met": None,
+            "note": f"not judged: load average up to {load:.1f} on {record['machine']['cores']} cores"}
 
 
 def ddp_against_threads(rows, gpus, world):
@@ -158,6 +176,8 @@ def step_split(rows, row, gpus):
     total = row["step_seconds"] * 1e3
     if compute is None:
         return f"{total:.0f}"
+    if compute * 1e3 > total:  # other work slowed the runs unevenly: the difference means nothing
+        return f"{total:.0f} (no split: the step without communication took {compute * 1e3:.0f})"
     return f"{total:.0f} = {compute * 1e3:.0f} + {total - compute * 1e3:.0f}"
 
 
@@ -181,7 +201,7 @@ def scaling_table(record, model):
             continue
         efficiency = (f"{row['samples_per_second'] / (devices_used(row, gpus) * unit['samples_per_second']):.0%}"
                       if unit else "n/a")
-        lines.append(f"| {row['method']} | {layout_text(row, gpus)} | {row['global_batch_size']} "
+        lines.append(f"| {row['method']} | {layout_text(row, gpus)} | {row['global_batch_size']:.0f} "
                      f"| {row['samples_per_second']:,.0f} | {row['seconds_per_epoch']:.2f} "
                      f"| {step_split(rows, row, gpus)} "
                      f"| {percent(row['mfu'])} | {seconds(row['time_to_target'])} | {efficiency} |")
@@ -192,7 +212,8 @@ def targets_table(targets):
     lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
     for t in targets:
         measured = "-" if t["measured"] is None else f"{t['measured']:.2f}"
-        met = {True: "yes", False: "**no**", None: f"not measured: {t['note']}"}[t["met"]]
+        met = {True: "yes", False: "**no**", None: t["note"] if t["note"].startswith("not judged") else
+               f"not measured: {t['note']}"}[t["met"]]
         lines.append(f"| {t['name']} | {measured} | {t['goal']} | {met} |")
     return "\n".join(lines)
 
@@ -205,7 +226,7 @@ def render_harness(record):
         if any(row["model"] == model for row in record["rows"]):
             parts += [f"\n**{spec['description']}**, {record['epochs'][model]} epochs per run, "
                       f"batch {spec['batch_size']} per process:\n", scaling_table(record, model)]
-    parts += ["\n**Targets**\n", targets_table(record["targets"])]
+    parts += ["\n**Targets**\n", targets_table(check_targets(record))]
     if record["skipped"]:
         parts.append("\nSkipped (not accepted by the scripts yet, or not on this machine):\n")
         parts += [f"- {name}: {why}" for name, why in record["skipped"].items()]

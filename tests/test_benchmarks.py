@@ -156,12 +156,25 @@ def test_targets_that_are_missed_or_cannot_be_measured_say_so():
     assert "| **no** |" in table and "not measured: train_allreduce.py has no --mode overlap-bucket yet" in table
 
 
+def test_targets_measured_on_a_busy_machine_are_shown_but_not_judged():
+    record = synthetic_record({"all_reduce per-parameter": 0.2, "all_reduce bucket": 0.14, "DDP": 0.128}, mfu=0.71)
+    record["load_average"] = {"max": 2.5, "samples": [1.0, 2.5]}  # more runnable work than the 2 cores
+    targets = report.check_targets(record)
+    assert targets[0]["measured"] == pytest.approx(1.0) and targets[0]["met"] is None
+    assert targets[0]["note"] == "not judged: load average up to 2.5 on 2 cores"
+    assert "overlap-bucket" in targets[1]["note"]  # not measured stays not measured
+    record["load_average"]["max"] = 1.9
+    assert report.check_targets(record)[0]["met"] is True
+
+
 def test_step_split_subtracts_the_step_without_communication():
     rows = [dict(model="net", method="DDP", role="scaling", processes=2, threads=1, batch_size=64, step_seconds=0.080),
             dict(model="net", method="one process", role="compute only", processes=2, threads=1, batch_size=64,
                  step_seconds=0.070)]
     assert report.step_split(rows, rows[0], gpus=0) == "80 = 70 + 10"
     assert report.step_split(rows[:1], rows[0], gpus=0) == "80"  # no reference measured: no split shown
+    rows[1]["step_seconds"] = 0.090  # the step without communication was slower: nothing to subtract
+    assert report.step_split(rows, rows[0], gpus=0) == "80 (no split: the step without communication took 90)"
 
 
 def test_cpu_profile_table_shares_and_rates():
