@@ -4,7 +4,8 @@
     python benchmarks/plots.py --records results/benchmarks     # fresh records, figures beside them
 
 Each figure is drawn from the newest record of its kind in --records. From the committed
-records the figures go to figs/ (the ones the README shows); from any other folder, into
+records the figures go to figs/ (the ones the README shows; notebook 08 draws the same figures
+from the same records, so `make figures` gives the same files); from any other folder, into
 <records>/figs, so that a local measurement never overwrites the committed figures.
 """
 import argparse
@@ -14,8 +15,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import report  # noqa: E402
 
@@ -43,7 +42,8 @@ def scaling_rows(record, model):
     return lines
 
 
-def plot_scaling(record, figs_dir, model="net"):
+def scaling_figure(record, model="net"):
+    """Throughput and scaling efficiency against the devices used."""
     lines = scaling_rows(record, model)
     unit_name = "GPUs" if record["machine"]["gpus"] else "CPU cores (processes x threads)"
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -62,10 +62,11 @@ def plot_scaling(record, figs_dir, model="net"):
         ax.grid(alpha=0.3)
     left.legend(fontsize=8)
     fig.suptitle(report.machine_line(record), fontsize=9)
-    save(fig, figs_dir, "benchmark_scaling.png")
+    return fig
 
 
-def plot_step_split(record, figs_dir, model="net"):
+def step_split_figure(record, model="net"):
+    """Each method's step at the largest world size: compute, and the communication left exposed."""
     rows, gpus = record["rows"], record["machine"]["gpus"]
     world = report.largest_world(rows, model)
     chosen = [row for row in rows if row["model"] == model and row["role"] == "scaling"
@@ -87,10 +88,11 @@ def plot_step_split(record, figs_dir, model="net"):
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
     fig.suptitle(report.machine_line(record), fontsize=9)
-    save(fig, figs_dir, "benchmark_step_split.png")
+    return fig
 
 
-def plot_allreduce(record, figs_dir):
+def allreduce_figure(record):
+    """The sweep's time and bandwidth against message size, with the course's gradient all_reduce."""
     sizes = [row["bytes"] for row in record["sizes"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.loglog(sizes, [row["seconds"] * 1e6 for row in record["sizes"]], "o-")
@@ -106,10 +108,11 @@ def plot_allreduce(record, figs_dir):
         ax.grid(alpha=0.3, which="both")
     right.legend(fontsize=8)
     fig.suptitle(report.machine_line(record), fontsize=9)
-    save(fig, figs_dir, "allreduce_bandwidth.png")
+    return fig
 
 
 def main(argv=None):
+    matplotlib.use("Agg")  # files only (a notebook importing this module keeps its own backend)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=Path, default=common.COMMITTED_RECORDS)
     parser.add_argument("--figs", type=Path, default=None, help="where the figures go (default: see above)")
@@ -119,10 +122,10 @@ def main(argv=None):
     harness = common.latest_record(args.records, "harness")
     allreduce = common.latest_record(args.records, "allreduce")
     if harness:
-        plot_scaling(harness, figs_dir)
-        plot_step_split(harness, figs_dir)
+        save(scaling_figure(harness), figs_dir, "benchmark_scaling.png")
+        save(step_split_figure(harness), figs_dir, "benchmark_step_split.png")
     if allreduce:
-        plot_allreduce(allreduce, figs_dir)
+        save(allreduce_figure(allreduce), figs_dir, "allreduce_bandwidth.png")
     if not (harness or allreduce):
         print(f"no harness or allreduce record in {common.display_path(args.records)}: nothing to plot")
 

@@ -25,7 +25,6 @@ from core.reporting import cpu_name  # noqa: E402
 
 DRAWN = REPO / "results" / "figs"
 FIGS = REPO / "figs"
-BENCHMARK_FIGURES = ("benchmark_scaling.png", "benchmark_step_split.png", "allreduce_bandwidth.png")
 SAVED = re.compile(r"save_figure\(\s*\w+\s*,\s*\"([^\"]+\.png)\"")
 
 
@@ -61,9 +60,6 @@ def main():
     for name, notebook in sorted(owners.items(), key=lambda item: (item[1], item[0])):
         shutil.copyfile(DRAWN / name, FIGS / name)
         lines.append(f"| [{name}]({name}) | [{notebook}](../notebooks/{notebook}) |")
-    lines += ["", "Drawn by `benchmarks/plots.py` from the committed records in `benchmarks/records/` (the machine is",
-              "named in each figure and record; `make benchmark RECORDS=benchmarks/records` redraws them):", ""]
-    lines += [f"- [{name}]({name})" for name in BENCHMARK_FIGURES]
     (FIGS / "README.md").write_text("\n".join(lines) + "\n")
     print(f"copied {len(owners)} figures to figs/ and described them in figs/README.md")
 
