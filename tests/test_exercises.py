@@ -124,6 +124,7 @@ def wrong_answers(exercise_id, extra):
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
+        "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
         "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
                  (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
@@ -139,7 +140,8 @@ IDS = sorted(EXERCISES)
 
 def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
-        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp", "08_performance"]
+        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
+        "05_checkpoints_and_faults", "08_performance"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
