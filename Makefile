@@ -57,11 +57,12 @@ figures: $(ENV)
 ## benchmark: every method and model over the world sizes this machine allows, all_reduce bandwidth, time
 ## to 95 %, the CPU step by operator: tables, targets, figures. Records go to $(RECORDS);
 ## RECORDS=benchmarks/records keeps them (and draws figs/ from them).
+## HARNESS_ARGS and TTA_ARGS pass options on (e.g. HARNESS_ARGS="--repeats 2 --epochs 2").
 RECORDS ?= results/benchmarks
 benchmark: $(ENV)
-	$(PY) benchmarks/harness.py --records $(RECORDS)
+	$(PY) benchmarks/harness.py --records $(RECORDS) $(HARNESS_ARGS)
 	$(PY) benchmarks/allreduce_bandwidth.py --records $(RECORDS)
-	$(PY) benchmarks/time_to_accuracy.py --records $(RECORDS)
+	$(PY) benchmarks/time_to_accuracy.py --records $(RECORDS) $(TTA_ARGS)
 	$(PY) benchmarks/cpu_step_profile.py --records $(RECORDS)
 	$(PY) benchmarks/plots.py --records $(RECORDS)
 
