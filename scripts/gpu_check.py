@@ -34,6 +34,13 @@ SCRIPTS = REPO / "scripts"
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+NEEDED = ("torch", "torchvision", "tqdm", "matplotlib")
+_missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+if _missing:
+    sys.exit(f"error: {sys.executable} has no {', '.join(_missing)}; install them into it "
+             f"({sys.executable} -m pip install {' '.join(_missing)}) or name a Python that has them: "
+             "make gpu-check PY=/path/to/python")
+
 import common  # noqa: E402
 import torch  # noqa: E402
 

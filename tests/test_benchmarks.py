@@ -302,3 +302,12 @@ def test_make_gpu_check_without_a_gpu_runs_the_cpu_fallback_with_plain_packages(
     assert len(names) == 7 and names[0].startswith("1 one process") and names[-1].startswith("4 the checkpoint")
     ddp = next(step for step in record["steps"] if step["step"].startswith("4 DDP"))
     assert ddp["record"]["backend"] == "gloo" and ddp["record"]["world_size"] == 2 and all(ddp["checks"].values())
+
+
+def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
+    """A python3 without torch (here: the same interpreter without its site-packages, -S) gets one line."""
+    done = subprocess.run([sys.executable, "-S", str(REPO / "scripts" / "gpu_check.py"), "--dry-run"], cwd=REPO,
+                          env=script_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "has no torch, torchvision, tqdm, matplotlib" in done.stderr
+    assert "make gpu-check PY=" in done.stderr
