@@ -123,10 +123,11 @@ def print_gradient_comparison(gradients, rows):
           f"{reference['busbw_gbps']:.2f} GB/s")
 
 
-def setup():
-    """The usual rules: cuda:LOCAL_RANK with NCCL where there are GPUs, else the CPU with gloo."""
+def setup(device_choice="auto"):
+    """The usual rules: cuda:LOCAL_RANK with NCCL where there are GPUs (unless --device cpu), else the
+    CPU with gloo."""
     local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and device_choice != "cpu":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
@@ -138,10 +139,24 @@ def setup():
 
 
 def relaunch_under_torchrun(args):
-    nproc = args.nproc or torch.cuda.device_count() or 2
+    nproc = args.nproc or (torch.cuda.device_count() if args.device == "auto" else 0) or 2
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               __file__, *sys.argv[1:]]
+               __file__, *without_nproc(sys.argv[1:])]
     sys.exit(subprocess.run(command).returncode)
+
+
+def without_nproc(argv):
+    """The options for the processes torchrun starts: --nproc is torchrun's business (and torchrun's own
+    parser would take an abbreviated --nproc for --nproc-per-node)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
 
 
 def parse_args(argv=None):
@@ -153,15 +168,22 @@ def parse_args(argv=None):
     parser.add_argument("--budget", type=common.parse_size, default=common.parse_size("1G"),
                         help="bytes to all_reduce per size (sets the repeats, 5 to 200)")
     parser.add_argument("--model", default="net", help="whose gradients to compare with (a --model of the scripts)")
+    parser.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                        help="auto: the GPUs where there are any (NCCL), else the CPU (gloo); cpu: gloo on the CPU")
     parser.add_argument("--records", type=Path, default=common.DEFAULT_RECORDS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    gpus = torch.cuda.device_count() if args.device == "auto" else 0
+    if gpus and args.nproc and args.nproc > gpus:
+        parser.error(f"--nproc {args.nproc} needs {args.nproc} GPUs, this machine has {gpus}; "
+                     f"use --nproc {gpus} or --device cpu")
+    return args
 
 
 def main():
     args = parse_args()
     if "RANK" not in os.environ:
         relaunch_under_torchrun(args)
-    device, backend = setup()
+    device, backend = setup(args.device)
     world_size, is_main = dist.get_world_size(), dist.get_rank() == 0
     load_before = common.load_average()
     rows = sweep(message_sizes(args.min_bytes, args.max_bytes, args.factor), device, args.budget)

@@ -311,3 +311,12 @@ def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "has no torch, torchvision, tqdm, matplotlib" in done.stderr
     assert "make gpu-check PY=" in done.stderr
+
+
+def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
+    assert allreduce_bandwidth.without_nproc(["--nproc", "2", "--max-bytes", "4K", "--nproc=3"]) == ["--max-bytes", "4K"]
+    done = run_benchmark("allreduce_bandwidth.py", "--nproc", 2, "--device", "cpu", "--max-bytes", "4K",
+                         "--budget", "16K", "--records", tmp_path)
+    assert_ok(done)
+    record = only_record(tmp_path, "allreduce")
+    assert (record["world_size"], record["backend"], record["device"]) == (2, "gloo", "cpu")
