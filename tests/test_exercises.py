@@ -143,6 +143,9 @@ def wrong_answers(exercise_id, extra):
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
+        "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
+        "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
+                 (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
     }[exercise_id]
 
 
@@ -156,7 +159,7 @@ IDS = sorted(EXERCISES)
 def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
         "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
-        "05_checkpoints_and_faults", "07_beyond_ddp"]
+        "05_checkpoints_and_faults", "07_beyond_ddp", "08_performance"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
