@@ -7,8 +7,14 @@ PY     ?= $(VENV)/bin/python
 # The venv is a prerequisite only when PY is the venv's own python.
 ENV    := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
+# The Jupyter kernel the notebooks ask for (their kernelspec), registered by `make kernel`.
+KERNEL := ddp-course
+# Executing a notebook (nbconvert runs it in its own folder): this environment's kernel, and no per-run
+# timestamps stored in the cells.
+EXECUTE := -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=python3 \
+	--ExecutePreprocessor.record_timing=False
 
-.PHONY: run test test-fast notebooks benchmark clean
+.PHONY: run test test-fast notebooks workspace kernel figures benchmark clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -29,8 +35,24 @@ test-fast: $(ENV)
 
 ## notebooks: re-execute every notebook in place and store its outputs (run before committing one)
 notebooks: $(ENV)
-	cd notebooks && for nb in [0-9]*.ipynb; do \
-		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; done
+	for nb in notebooks/[0-9]*.ipynb; do $(PY) $(EXECUTE) --inplace "$$nb" || exit 1; done
+
+## workspace: your own copies of the notebooks in workspace/, which git ignores; a copy you have is never replaced
+workspace:
+	@mkdir -p workspace
+	@for nb in notebooks/[0-9]*.ipynb; do name=$${nb#notebooks/}; \
+		if [ -e "workspace/$$name" ]; then echo "kept     workspace/$$name (yours; delete it to get the course's again)"; \
+		else cp "$$nb" "workspace/$$name" && echo "copied   workspace/$$name"; fi; done
+
+## kernel: register this environment as the Jupyter kernel "Python (ddp-course)" that the notebooks ask for
+kernel: $(ENV)
+	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "Python ($(KERNEL))"
+
+## figures: redraw the reference figures in figs/ on this machine (the notebooks draw into results/figs/)
+figures: $(ENV)
+	rm -rf results/figs results/executed
+	for nb in notebooks/[0-9]*.ipynb; do $(PY) $(EXECUTE) --output-dir results/executed "$$nb" || exit 1; done
+	$(PY) notebooks/reference_figures.py
 
 ## benchmark: time to 95% test accuracy (seed recipe vs the course's) and throughput per step
 benchmark: $(ENV)

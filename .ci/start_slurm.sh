@@ -94,6 +94,9 @@ MpiDefault=none
 ReturnToService=2
 # Keep finished jobs visible to 'scontrol show job' for 10 minutes (no accounting database).
 MinJobAge=600
+# A requeued job may start again after this many seconds (the default, 120, would make
+# the test of requeueing wait two minutes).
+AuthInfo=cred_expire=10
 NodeName=${NODES[0]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 NodeName=${NODES[1]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 PartitionName=course Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP

@@ -22,17 +22,72 @@ read -r -a COURSE_ARG_LIST <<<"${COURSE_ARGS:-}"
 # shellcheck disable=SC2034
 read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 
-# Load the modules and the Python environment named in site.sh.
+# Checkpoints. Every job trains with --resume into a checkpoint folder of its own,
+# checkpoints/<job name>-<job id> by default, so that a job the scheduler runs again
+# under the same id (PBS: qrerun, a node failure; Slurm: requeue) continues from its
+# last checkpoint, as does a worker group that torchrun restarts (scripts/launch.py
+# --max-restarts). To continue a job that ran out of walltime, submit it again with its
+# folder: qsub -v COURSE_CHECKPOINT_DIR=checkpoints/ddp04_ddp-1234.server JOB
+# (the same COURSE_ARGS, or the checkpoint is refused as another run's).
+course_checkpoint_dir() {
+    local name=${PBS_JOBNAME:-${SLURM_JOB_NAME:-job}} id=${PBS_JOBID:-${SLURM_JOB_ID:-$$}}
+    echo "checkpoints/$name-${id//[^A-Za-z0-9_.-]/_}"
+}
+: "${COURSE_CHECKPOINT_DIR:=$(course_checkpoint_dir)}"
+# The training script's arguments: these first, so that COURSE_ARGS can override them.
+# shellcheck disable=SC2034
+COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_ARG_LIST[@]}")
+
+# Load the modules and the Python environment named in site.sh, and remember what that
+# changed in the environment (COURSE_SETUP_CHANGED, COURSE_SETUP_REMOVED): a multi-node
+# job hands exactly that to its other nodes (course_save_setup).
 course_setup() {
+    local -A before=()
+    local name
+    for name in $(compgen -e); do before[$name]=${!name}; done
     site_load_modules
     site_activate_python
     command -v python >/dev/null || course_fail "no python on PATH after the setup in job_scripts/site.sh"
+    COURSE_PYTHON=$(command -v python)
+    export COURSE_PYTHON
+    COURSE_SETUP_CHANGED=() COURSE_SETUP_REMOVED=()
+    for name in $(compgen -e); do
+        case $name in _ | PWD | OLDPWD | SHLVL) continue ;; esac
+        [[ -v "before[$name]" && ${before[$name]} == "${!name}" ]] || COURSE_SETUP_CHANGED+=("$name")
+    done
+    for name in "${!before[@]}"; do
+        [[ -v $name ]] || COURSE_SETUP_REMOVED+=("$name")
+    done
+}
+
+# Write what course_setup changed, and the umask, as a script that another node sources.
+course_save_setup() {
+    local name
+    {
+        echo "# The environment job_scripts/site.sh set up in the job shell on $(hostname)."
+        for name in "${COURSE_SETUP_CHANGED[@]}"; do printf 'export %s=%q\n' "$name" "${!name}"; done
+        for name in "${COURSE_SETUP_REMOVED[@]}"; do printf 'unset %s\n' "$name"; done
+        echo "umask $(umask)"
+    } > "$1"
+}
+
+# On another node: take over the job shell's setup, and check that its Python is here.
+course_load_setup() {
+    local expected
+    # shellcheck source=/dev/null
+    source "$1"
+    expected=${COURSE_PYTHON:?is not set in $1}
+    [[ -x $expected ]] ||
+        course_fail "$(hostname) cannot run $expected, the python the job shell set up: put the course's Python environment on a file system every node sees"
+    [[ $(command -v python) == "$expected" ]] ||
+        course_fail "python on $(hostname) is $(command -v python), not $expected as in the job shell; check PATH in job_scripts/site.sh"
 }
 
 # What a job log should start with: where it ran, on which GPUs, with which versions.
 course_log_env() {
     echo "== job ${PBS_JOBID:-${SLURM_JOB_ID:-(no job id)}} on $(hostname), $(date '+%Y-%m-%d %H:%M:%S')"
     echo "== course directory: $PWD"
+    echo "== checkpoints: $COURSE_CHECKPOINT_DIR (the job resumes from the newest there)"
     if [[ -n ${PBS_NODEFILE:-} && -r ${PBS_NODEFILE:-} ]]; then
         echo "== nodes (PBS_NODEFILE): $(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE" | paste -sd ' ' -)"
     elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
@@ -44,6 +99,7 @@ course_log_env() {
     else
         echo "== GPUs: none (no nvidia-smi on this node)"
     fi
+    if [[ -n ${LOADEDMODULES:-} ]]; then echo "== modules: ${LOADEDMODULES//:/ }"; fi
     echo "== python: $(command -v python) ($(python --version 2>&1))"
     python -c '
 import torch

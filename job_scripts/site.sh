@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Site settings for every job script in job_scripts/: the ONE file to edit when you
-# take the course to another cluster. The other site-specific things, walltime,
-# queue/partition and GPU model, are in the #PBS / #SBATCH lines of each job.
+# take the course to another cluster. The other site-specific things are the resource
+# lines of each job (see "For your site" below).
 #
 # Each setting below is a default: a value already in the environment wins, so you can
 # also pass one at submission (qsub -v COURSE_CONDA_ENV=myenv ...; sbatch passes your
@@ -9,16 +9,21 @@
 
 # ============================ EDIT HERE FOR YOUR SITE ============================
 
-# Modules to load, separated by spaces ("" loads none). `module avail` lists your
-# site's. Where there is no `module` command, this is skipped with a note.
-: "${COURSE_MODULES=anaconda3/2022.05-gcc/9.5.0}"
+# Modules to load, separated by spaces ("" loads none; `module avail` lists your
+# site's), and extra module folders to search first, separated by ':' (`module use`).
+# Asking for modules where there is no `module` command is an error.
+: "${COURSE_MODULES=}"
+: "${COURSE_MODULE_PATH=}"
 
 # The Python environment with torch, the first of these that applies:
 #   1. the virtual environment COURSE_VENV, if it exists (relative paths are from the
 #      course directory; the README's setup creates .venv there);
 #   2. the conda environment named COURSE_CONDA_ENV ("" for none), made from
-#      environment.yml on the login node;
-#   3. whatever python is on PATH.
+#      environment.yml on the login node; `conda` must be on PATH in a job: load the
+#      module that provides it (COURSE_MODULES), or see docs/running_on_a_cluster.md;
+#   3. whatever python is on PATH (a module's, say), when both are "".
+# Whichever it is, make it from a Python every compute node can run, on a file system
+# every node sees: the multi-node jobs check that each node finds the same python.
 : "${COURSE_VENV=.venv}"
 : "${COURSE_CONDA_ENV=ddp-course}"
 
@@ -28,20 +33,43 @@
 # export NCCL_IB_DISABLE=1        # no InfiniBand (or a broken one): use TCP instead of hanging at init
 # export NCCL_DEBUG=INFO          # NCCL reports what it picked: the first thing to try on a hang
 
+# For your site, in each job (or on the qsub / sbatch line, which overrides the job):
+# the PBS jobs' #PBS lines ask only for what every PBS knows (select with ncpus and
+# mem, walltime, place), so they run unedited but get no GPU. Each job has its GPU
+# request as a "##PBS" line (PBS ignores it); to use it, replace the #PBS select line
+# with it, naming your site's GPU resource (ngpus, often) and model, if it has one:
+#   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=v100
+#   #PBS -q gpu               a queue, where the default one has no GPUs
+#   #PBS -A my_project        a project or account to charge, where your site asks for one
+# The same at submission: qsub -l select=1:ncpus=16:mem=32gb:ngpus=2 -q gpu -A my_project JOB
+
 # =================================================================================
 
 # How the settings above are applied. Sites with other habits (e.g. `source activate`,
-# a container) change these two functions.
+# a container) change these functions.
 site_load_modules() {
-    [[ -n $COURSE_MODULES ]] || return 0
-    if ! type module >/dev/null 2>&1; then
-        echo "== site.sh: no 'module' command on this node; not loading: $COURSE_MODULES"
-        return 0
-    fi
-    local name
+    [[ -n $COURSE_MODULES$COURSE_MODULE_PATH ]] || return 0
+    site_module_command
+    local dir name
+    local -a dirs
+    IFS=: read -r -a dirs <<<"$COURSE_MODULE_PATH"
+    for dir in "${dirs[@]}"; do
+        [[ -z $dir ]] || module use "$dir" || course_fail "module use $dir failed; check COURSE_MODULE_PATH in job_scripts/site.sh"
+    done
     for name in $COURSE_MODULES; do
         module load "$name" || course_fail "module load $name failed; set COURSE_MODULES in job_scripts/site.sh ('module avail' lists them)"
     done
+}
+
+# `module` is a shell function that a login shell defines. Where it is missing (a shell
+# that is not a login shell), the module system's own start-up file defines it.
+site_module_command() {
+    if ! type module >/dev/null 2>&1 && [[ -r ${MODULESHOME:-}/init/bash ]]; then
+        # shellcheck source=/dev/null
+        source "$MODULESHOME/init/bash"
+    fi
+    type module >/dev/null 2>&1 ||
+        course_fail "modules are asked for (COURSE_MODULES='$COURSE_MODULES') but this shell has no 'module' command; set COURSE_MODULES=\"\" and COURSE_MODULE_PATH=\"\" in job_scripts/site.sh, or ask your site how batch jobs load modules"
 }
 
 site_activate_python() {
@@ -49,9 +77,11 @@ site_activate_python() {
         # shellcheck source=/dev/null
         source "$COURSE_VENV/bin/activate"
     elif [[ -n $COURSE_CONDA_ENV ]]; then
-        type conda >/dev/null 2>&1 ||
-            course_fail "no virtual environment at '$COURSE_VENV' and no conda to activate '$COURSE_CONDA_ENV'; set COURSE_MODULES / COURSE_VENV / COURSE_CONDA_ENV in job_scripts/site.sh"
-        eval "$(conda shell.bash hook)"
+        # CONDA_EXE is set where conda was set up in this shell before (conda init, a module).
+        local conda=${CONDA_EXE:-conda}
+        command -v "$conda" >/dev/null ||
+            course_fail "no virtual environment at '$COURSE_VENV' and no conda on PATH to activate '$COURSE_CONDA_ENV'; set COURSE_MODULES (the module that provides conda) / COURSE_VENV / COURSE_CONDA_ENV in job_scripts/site.sh"
+        eval "$("$conda" shell.bash hook)"
         conda activate "$COURSE_CONDA_ENV" ||
             course_fail "conda activate $COURSE_CONDA_ENV failed; create it (conda env create -f environment.yml) or set COURSE_CONDA_ENV in job_scripts/site.sh"
     fi

@@ -3,6 +3,7 @@
     torchrun --nproc-per-node=2 scripts/collectives_demo.py
     torchrun --nproc-per-node=2 scripts/collectives_demo.py --device cpu --backend gloo
     torchrun --nproc-per-node=2 scripts/collectives_demo.py --time-averaging
+    torchrun --nproc-per-node=2 scripts/collectives_demo.py --late-rank 1
 
 Every rank starts with different numbers and calls the same collective; the
 output shows what each rank held before and after:
@@ -24,6 +25,11 @@ every run.
 all_reduce of a flat bucket, on the Net's 8 gradient tensors and on a model of
 the same size cut into 160 tensors (as many as ResNet-50 has). Every call pays
 a fixed latency, so many small messages cost more than one large one.
+
+--late-rank S makes rank 1 call all_reduce S seconds after rank 0, and rank 0 reports
+when its call returned and when the sum reached the host. With gloo the call itself
+waits for the late rank. With NCCL the call only queues the operation on the GPU and
+returns at once; the host waits later, where it needs the result (here .item()).
 """
 import argparse
 import json
@@ -50,6 +56,8 @@ def parse_args(argv=None):
     parser.add_argument("--time-averaging", action="store_true",
                         help="instead of the demo, time per-parameter against bucketed gradient averaging")
     parser.add_argument("--repeats", type=cli.positive_int, default=20, help="timed calls per averaging function")
+    parser.add_argument("--late-rank", type=cli.positive_float, default=None, metavar="S",
+                        help="instead of the demo, rank 1 joins an all_reduce S seconds late: where does rank 0 wait?")
     parser.set_defaults(seed=0)
     return parser.parse_args(argv)
 
@@ -156,6 +164,32 @@ def synchronize(device):
     dist.barrier()
 
 
+def time_a_late_rank(rank, device, delay):
+    """Rank 1 reaches an all_reduce ``delay`` seconds after the others. Where does rank 0 wait?
+
+    Returns rank 0's seconds from its call to the call's return, and to the sum being on the host.
+    """
+    dist.all_reduce(torch.ones(1, device=device))  # warm-up: NCCL sets up its communicator at the first collective
+    synchronize(device)  # everyone starts the clock together
+    tensor = torch.ones(1, device=device)
+    if rank == 1:
+        time.sleep(delay)
+    started = time.perf_counter()
+    dist.all_reduce(tensor)
+    returned = time.perf_counter() - started
+    tensor.item()  # the host needs the value: on a GPU this waits for the all_reduce to finish
+    on_host = time.perf_counter() - started
+    return {"delay": delay, "call_returned": returned, "sum_on_host": on_host, "sum": tensor.item()}
+
+
+def report_late_rank(timing, backend):
+    return "\n".join([
+        f"rank 1 calls all_reduce {timing['delay']:g} s after rank 0; on rank 0, backend {backend}:",
+        f"  dist.all_reduce(t) returned after {timing['call_returned']:.2f} s",
+        f"  t.item() had the sum ({timing['sum']:g}) after {timing['sum_on_host']:.2f} s",
+    ])
+
+
 def report_timings(timings, world_size, backend):
     lines = [f"gradient averaging across {world_size} rank(s), backend {backend}: milliseconds per call",
              f"{'model':<13}{'tensors':>8}{'floats':>11}{'per-parameter':>15}{'bucket':>9}{'ratio':>8}"]
@@ -165,19 +199,30 @@ def report_timings(timings, world_size, backend):
     return "\n".join(lines)
 
 
+def write_json(path, record):
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def main(argv=None):
     args = parse_args(argv)
     runtime = distributed.setup(args, process_group=True)  # the training scripts' set-up, pre-flight included
     rank, local_rank, world_size, local_world_size = distributed.process_layout()
     device = runtime.device
 
+    if args.late_rank:
+        timing = time_a_late_rank(rank, device, args.late_rank)
+        if rank == 0:
+            print(report_late_rank(timing, runtime.backend), flush=True)
+            write_json(args.json, {"world_size": world_size, "backend": runtime.backend, **timing})
+        return
+
     if args.time_averaging:
         timings = time_averaging(device, args.repeats)
         if rank == 0:
             print(report_timings(timings, world_size, runtime.backend), flush=True)
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps({"world_size": world_size, "timings_ms": timings}, indent=2) + "\n")
+            write_json(args.json, {"world_size": world_size, "timings_ms": timings})
         return
 
     identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
@@ -187,12 +232,9 @@ def main(argv=None):
 
     if rank == 0:
         print(report(identities, results), flush=True)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            record = {"world_size": world_size, "ranks": identities,
-                      **{name: {"before": [b for b, _ in per_rank], "after": [a for _, a in per_rank]}
-                         for name, per_rank in results.items()}}
-            args.json.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.json, {"world_size": world_size, "ranks": identities,
+                               **{name: {"before": [b for b, _ in per_rank], "after": [a for _, a in per_rank]}
+                                  for name, per_rank in results.items()}})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ section where it belongs), and ``--json`` writes what was observed, for checks:
   devices    which device each rank uses: cuda:LOCAL_RANK, never cuda:RANK
   broadcast  ranks built with different weights hold rank 0's after DDP(model)
   buckets    the order of events in backward: gradients arrive, buckets are all-reduced
-  buffers    BatchNorm statistics: rank 0's are broadcast at the start of every forward
+  buffers    BatchNorm: each rank normalises with its own batch; the running statistics
+             (buffers) are rank 0's, broadcast at the start of every forward
   unused     a parameter that gets no gradient: the error, then find_unused_parameters
   prefix     a DDP state_dict has "module." keys; a plain model loads model.module's
 """
@@ -128,7 +129,12 @@ def rebuilt_bucket_numels(runtime, args, **options):
 
 
 def demo_buffers(runtime, args):
-    """BatchNorm's running statistics are buffers: DDP broadcasts rank 0's before each forward."""
+    """BatchNorm in DDP: each rank normalises with its own batch; running statistics come from rank 0.
+
+    In training, BatchNorm normalises with the mean and variance of the batch it sees, and
+    DDP does not change that: each rank uses its own shard's. Its running statistics (used
+    in evaluation) are buffers, which DDP broadcasts from rank 0 at the start of every forward.
+    """
     observed, lines = {}, []
     for sync in (True, False):
         torch.manual_seed(args.seed)
@@ -136,15 +142,29 @@ def demo_buffers(runtime, args):
                      forward_sync_buffers=sync)
         batchnorm = model.module[1]
         at_start = []  # how far apart the ranks' running means are as each forward starts
+        batch_stats = []  # per step: this rank's per-feature batch means of BatchNorm's input and output
 
         def record(module, inputs, at_start=at_start):
             at_start.append(distributed.largest_difference_from_rank0([module.running_mean]))
 
+        def normalised(module, inputs, output, batch_stats=batch_stats):
+            batch_stats.append((inputs[0].detach().mean(dim=0), output.detach().mean(dim=0)))
+
         batchnorm.register_forward_pre_hook(record)
+        batchnorm.register_forward_hook(normalised)
         torch.manual_seed(args.seed + 1 + runtime.rank)  # each rank its own data, so its own statistics
         for _ in range(2):
             model(torch.randn(32, 4, device=runtime.device) + runtime.rank).sum().backward()
         observed[f"forward_sync_buffers={sync}"] = at_start
+        if sync:
+            input_means, output_means = batch_stats[0]
+            input_gap = distributed.largest_difference_from_rank0([input_means])
+            output_mean = max(distributed.gather_from_all_ranks(output_means.abs().max().item()))
+            observed["training"] = {"input_mean_gap": input_gap, "largest_output_mean": output_mean}
+            lines += [f"training step 1: the per-feature means of BatchNorm's input differ between the ranks "
+                      f"by up to {input_gap:.2f},",
+                      f"  yet on every rank its output has per-feature mean {output_mean:.4f}: "
+                      "each rank normalised with its own batch's statistics"]
         lines.append(f"forward_sync_buffers={sync!s:<5}: ranks' running_mean differ by "
                      f"{at_start[0]:.4f} when step 1's forward starts, by {at_start[1]:.4f} when step 2's starts")
     say(runtime, *lines)

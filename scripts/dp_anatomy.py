@@ -1,8 +1,10 @@
 """One nn.DataParallel step taken apart, with stand-ins that also run on a CPU.
 
 In every forward pass, nn.DataParallel (one process, N GPUs) does four things:
-  1. scatter         split the batch along dim 0, one chunk per GPU, copy each chunk there;
-  2. replicate       copy the module's parameters and buffers from GPU 0 to every GPU;
+  1. scatter         split the batch along dim 0, one chunk per GPU, and copy each chunk there
+                     (a chunk already on its GPU stays where it is);
+  2. replicate       broadcast the module's parameters and buffers from GPU 0 to every other GPU
+                     (NCCL's ring broadcast where NCCL is available);
   3. parallel_apply  run each replica on its chunk, one Python thread per GPU;
   4. gather          copy the outputs to GPU 0 and concatenate them.
 The loss is computed on GPU 0. Backward runs back through the copies, so each
@@ -14,9 +16,12 @@ each stage and check the result against plain training on the whole batch:
 
     python scripts/dp_anatomy.py      # one step by hand, and the GIL measurement
 
-``gil_speedups`` times replicas run in threads, the way parallel_apply runs them.
+``gil_speedups`` times replicas run in threads, the way parallel_apply runs them, against
+the same replicas in separate processes, which share no GIL.
 """
 import copy
+import multiprocessing
+import statistics
 import threading
 import time
 
@@ -98,13 +103,20 @@ def compute_bound_model():
 
 
 def time_replicas(model, inputs, replicas, threaded, repeats):
-    """Seconds to run ``replicas`` forward passes, one after another or in threads."""
+    """(wall seconds, CPU seconds) to run ``replicas`` x ``repeats`` forward passes, in turn or in threads.
+
+    The CPU seconds are summed over the threads that did the work (``time.thread_time``):
+    divided by the wall time, they say how many cores were busy at once on average.
+    """
+    cpu = []
+
     def work():
+        started = time.thread_time()
         for _ in range(repeats):
             model(inputs)
+        cpu.append(time.thread_time() - started)
 
     with torch.no_grad():
-        work()  # warm-up
         started = time.perf_counter()
         if threaded:
             threads = [threading.Thread(target=work) for _ in range(replicas)]
@@ -115,26 +127,94 @@ def time_replicas(model, inputs, replicas, threaded, repeats):
         else:
             for _ in range(replicas):
                 work()
+        return time.perf_counter() - started, sum(cpu)
+
+
+# Each workload with enough passes to take a few tenths of a second per replica.
+WORKLOADS = {"python-bound": (python_bound_model, 100), "compute-bound": (compute_bound_model, 20)}
+
+
+def intra_op_threads_in_a_new_thread():
+    """What ``torch.get_num_threads()`` says inside a thread started after ``set_num_threads``."""
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def process_worker(rounds, start, done):
+    """One of the processes of ``gil_speedups``: its own interpreter, so its own GIL."""
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        for build, repeats in WORKLOADS.values():
+            model, inputs = build()
+            model(inputs)  # warm-up
+            for _ in range(rounds):
+                start.wait()  # all processes start together, when the parent says so
+                for _ in range(repeats):
+                    model(inputs)
+                done.wait()  # the round ends when the slowest process does
+
+
+class ProcessReplicas:
+    """``replicas`` spawned processes that run the workloads side by side, one round at a time.
+
+    spawn, never fork: a child forked after MKL ran sgemm in several threads can spin
+    forever in MKL's allocator (seen on Linux with the pip wheels), and fork is unsafe on macOS.
+    """
+
+    def __init__(self, replicas, rounds):
+        context = multiprocessing.get_context("spawn")
+        self.start, self.done = context.Barrier(replicas + 1), context.Barrier(replicas + 1)
+        self.workers = [context.Process(target=process_worker, args=(rounds, self.start, self.done), daemon=True)
+                        for _ in range(replicas)]
+        for worker in self.workers:
+            worker.start()
+
+    def time_round(self):
+        self.start.wait(timeout=300)  # the workers have imported torch and built the model
+        started = time.perf_counter()
+        self.done.wait(timeout=300)
         return time.perf_counter() - started
 
+    def join(self):
+        for worker in self.workers:
+            worker.join(timeout=60)
 
-def gil_speedups(replicas=2, repeats=20):
-    """Speed-up of running replicas in threads over running them in turn, per workload.
 
-    Each thread gets one intra-op thread, so that any speed-up comes from the threads
-    themselves. ``replicas`` cores must be free for the compute-bound case to show it.
+def gil_speedups(replicas=2, rounds=3):
+    """Replicas run side by side, in threads (one GIL) and in processes (one GIL each).
+
+    Every thread and process gets one intra-op thread, so that any speed-up comes from
+    running the replicas side by side. For each workload:
+      threads    speed-up of the threads over running the replicas one after the other;
+      processes  the same for separate processes, which share no GIL: what the free cores
+                 allow right now, the ceiling for the threads;
+      busy       cores the threads kept busy, on average (their CPU time / wall time).
+    In each round the timings are taken back to back, so that they see the same load from
+    other programs; each number is the median over the rounds.
     """
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
+    processes = ProcessReplicas(replicas, rounds)
     try:
-        speedups = {}
-        for name, build in (("python-bound", python_bound_model), ("compute-bound", compute_bound_model)):
+        results = {}
+        for name, (build, repeats) in WORKLOADS.items():
             model, inputs = build()
-            one_by_one = time_replicas(model, inputs, replicas, threaded=False, repeats=repeats)
-            in_threads = time_replicas(model, inputs, replicas, threaded=True, repeats=repeats)
-            speedups[name] = one_by_one / in_threads
-        return speedups
+            time_replicas(model, inputs, 1, False, 1)  # warm-up
+            threads, separate, busy = [], [], []
+            for _ in range(rounds):
+                one_by_one, _ = time_replicas(model, inputs, replicas, False, repeats)
+                wall, cpu = time_replicas(model, inputs, replicas, True, repeats)
+                threads.append(one_by_one / wall)
+                busy.append(cpu / wall)
+                separate.append(one_by_one / processes.time_round())
+            results[name] = {"threads": statistics.median(threads), "processes": statistics.median(separate),
+                             "busy": statistics.median(busy)}
+        return results
     finally:
+        processes.join()
         torch.set_num_threads(saved)
 
 
@@ -148,7 +228,8 @@ def main():
     print(f"scatter -> chunks of {[len(chunk) for chunk in scatter(batch, 2)]}; "
           f"max |DataParallel by hand - plain forward| = {difference:.1e}")
     for name, speedup in gil_speedups().items():
-        print(f"{name}: 2 replicas in threads run {speedup:.2f}x as fast as one after another")
+        print(f"{name}: 2 replicas run {speedup['threads']:.1f}x as fast in 2 threads as one after the other "
+              f"(keeping {speedup['busy']:.1f} cores busy), {speedup['processes']:.1f}x in 2 processes")
 
 
 if __name__ == "__main__":

@@ -1,31 +1,33 @@
 #!/usr/bin/env python3
 """Start one torchrun on this node, with arguments read from the batch scheduler.
 
-    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--port P] SCRIPT [SCRIPT_ARGS...]
+    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--max-restarts K] [--port P] SCRIPT [ARGS...]
 
 Run it once per node of a job (PBS: `pbsdsh` in job_scripts/04_ddp_2nodes.pbs;
-Slurm: `srun --ntasks-per-node=1` in job_scripts/*.sbatch). It reads:
+Slurm: `srun --ntasks-per-node=1` in job_scripts/*.sbatch). It derives what torchrun
+needs from what the scheduler granted the job:
 
-  PBS    PBS_NODEFILE (one line per chunk or cpu; duplicates are dropped, order kept),
-         PBS_JOBID, PBS_NODENUM (set by pbsdsh), NGPUS, NCPUS
-  Slurm  SLURM_STEP_NODELIST or SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_NODEID,
-         SLURM_GPUS_ON_NODE, SLURM_CPUS_ON_NODE
-  none   a single-node run on this machine
-
-and derives what torchrun needs:
-
-  nnodes          the number of distinct hosts
-  node rank       PBS_NODENUM / SLURM_NODEID, else this host's place in the list
-  nproc-per-node  --nproc-per-node, else the GPUs the job got (NGPUS / SLURM_GPUS_ON_NODE,
-                  else the GPUs torch sees), else on a CPU node min(CPUs, 4)
+  hosts           PBS: the lines of PBS_NODEFILE, duplicates dropped, order kept.
+                  Slurm: SLURM_STEP_NODELIST or SLURM_JOB_NODELIST. None: this machine.
+  node rank       this host's place in that list (Slurm: SLURM_NODEID). Under pbsdsh,
+                  PBS_NODENUM must agree, and a host listed twice is an error: pbsdsh
+                  would start two launchers there.
+  nproc-per-node  --nproc-per-node, else one process per GPU GRANTED on this node:
+                  SLURM_GPUS_ON_NODE; CUDA_VISIBLE_DEVICES (set where the site isolates
+                  GPUs); NGPUS (set by some PBS sites); the job's ngpus on this host (PBS:
+                  exec_vnode in `qstat -f`). Never all the GPUs the node has: other jobs
+                  may be using some. A job that was granted none, on a node with none:
+                  one process per CPU granted (NCPUS, SLURM_CPUS_ON_NODE), at most 4.
   rendezvous      c10d on the first host, at a port computed from the job id (every node
-                  computes the same one; two jobs sharing a node get different ones),
-                  rdzv-id = the job id; the first host is told explicitly to host the store
-  one node        torchrun --standalone (a free port is picked by torchrun itself)
+                  computes the same one; two jobs sharing a node get different ones);
+                  rdzv-id = the job id; the first host is told to host the store.
+                  One node: torchrun --standalone (torchrun picks a free port).
+  restarts        --max-restarts (default 3), torchrun's own: a failed worker group is
+                  restarted, and resumes from its last checkpoint (the job scripts pass
+                  --resume).
 
-then replaces itself with `python -m torch.distributed.run ...`. --dry-run prints that
-command instead. Everything else (restarts, worker environment, RANK/LOCAL_RANK, ...)
-is torchrun's job.
+then replaces itself with `python -m torch.distributed.run ...`. --dry-run prints what it
+derived, and from where, and the command, without running it.
 
 The training scripts check the world before training: right after
 init_process_group, one all_reduce across every rank, and rank 0 prints
@@ -33,6 +35,7 @@ init_process_group, one all_reduce across every rank, and rank 0 prints
 blocked network fails there, in seconds, with a one-line error.
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -41,7 +44,7 @@ import socket
 import subprocess
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Rendezvous ports are 20000-29999: below Linux's ephemeral range (32768-60999), so a
 # port the kernel hands out for an outgoing connection does not collide with ours.
@@ -58,6 +61,12 @@ CPU_PROCS_CAP = 4
 # (torch's default is 600). Nodes of one job start within seconds of each other.
 DEFAULT_JOIN_TIMEOUT = 300
 
+# How often torchrun restarts a failed worker group (torch's default is 0). A job runs
+# unattended: a worker killed once (the OOM killer, a flaky link, a pre-empted GPU)
+# should cost the steps since the last checkpoint, not the job. A fault that repeats
+# (bad input, a bug) fails every try, so a few tries bound what it wastes.
+DEFAULT_MAX_RESTARTS = 3
+
 
 class LaunchError(Exception):
     """A problem with the job's environment or the arguments: one line for the user."""
@@ -68,10 +77,14 @@ class Plan:
     scheduler: str  # "pbs", "slurm" or "none"
     job_id: str | None
     hosts: list
+    hosts_source: str
     node_rank: int
+    rank_source: str
     nproc_per_node: int
-    nproc_reason: str
+    nproc_source: str
     port: int | None  # None for a single-node (standalone) run
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    warnings: list = field(default_factory=list)
 
     @property
     def nnodes(self):
@@ -102,7 +115,7 @@ def unique_in_order(names):
 
 
 def read_nodefile(path):
-    """Distinct hosts of a PBS node file, in order (PBS repeats a host per chunk or cpu)."""
+    """The lines of a PBS node file: one per chunk (mpiprocs=1) or per MPI rank."""
     if not path:
         raise LaunchError("PBS_NODEFILE is not set; run this inside a PBS job (qsub), or unset PBS_JOBID to run on this machine alone")
     try:
@@ -110,10 +123,10 @@ def read_nodefile(path):
             lines = [line.strip() for line in file]
     except OSError as error:
         raise LaunchError(f"cannot read PBS_NODEFILE={path} ({error.strerror}); inside a PBS job it names the job's hosts") from None
-    hosts = unique_in_order(line for line in lines if line and not line.startswith("#"))
-    if not hosts:
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not lines:
         raise LaunchError(f"PBS_NODEFILE={path} is empty; it should list the job's hosts, one per line")
-    return hosts
+    return lines
 
 
 def expand_hostlist(text):
@@ -176,20 +189,56 @@ def int_var(env, name):
 
 
 def this_host_names():
-    names = {socket.gethostname(), socket.getfqdn()}
-    return names | {name.split(".")[0] for name in names}
+    """This host's name, long and short (a node file may list either)."""
+    name = socket.gethostname()
+    return {name, name.split(".")[0]}
 
 
-def rank_by_hostname(hosts, source):
+def place_of_this_host(hosts):
     mine = this_host_names()
-    for rank, host in enumerate(hosts):
+    for place, host in enumerate(hosts):
         if host in mine or host.split(".")[0] in mine:
-            return rank
-    raise LaunchError(
-        f"this host ({socket.gethostname()}) is not in {source} ({', '.join(hosts)}); "
-        "start the launcher on the job's nodes (pbsdsh / srun), which also sets the node number"
-    )
+            return place
+    return None
 
+
+# ---------------------------------------------------------------- node rank
+
+def pbs_node_rank(env, lines, hosts):
+    """This host's place among the job's hosts, checked against what pbsdsh says."""
+    nodenum = int_var(env, "PBS_NODENUM")
+    place = 0 if len(hosts) == 1 else place_of_this_host(hosts)
+    # The job script is task 1 of its job; pbsdsh's tasks get other numbers (00000002, 40000001, ...).
+    pbsdsh_task = int_var(env, "PBS_TASKNUM") not in (None, 1)
+    if place is not None and pbsdsh_task and lines.count(hosts[place]) > 1:
+        times = lines.count(hosts[place])
+        raise LaunchError(
+            f"PBS_NODEFILE lists {hosts[place]} {times} times, so pbsdsh starts {times} launchers there; "
+            "ask for one chunk per host: select=N:...:mpiprocs=1 and -l place=scatter"
+        )
+    if len(hosts) == 1:
+        return 0, "one node"
+    if place is None:
+        if nodenum is None:
+            raise LaunchError(
+                f"this host ({socket.gethostname()}) is not in PBS_NODEFILE ({', '.join(hosts)}); "
+                "start the launcher on the job's nodes (pbsdsh), which also sets PBS_NODENUM"
+            )
+        if nodenum >= len(hosts):
+            raise LaunchError(
+                f"this is node {nodenum} (PBS_NODENUM) but PBS_NODEFILE names only {len(hosts)} distinct host(s) "
+                f"({', '.join(hosts)}); ask for one chunk per host: mpiprocs=1 and -l place=scatter"
+            )
+        return nodenum, f"PBS_NODENUM={nodenum} (this host, {socket.gethostname()}, is not named in PBS_NODEFILE)"
+    if nodenum is not None and nodenum != place:
+        raise LaunchError(
+            f"this host ({hosts[place]}) is host {place} of PBS_NODEFILE, but PBS_NODENUM={nodenum}; "
+            "run the launcher through pbsdsh with one chunk per host (mpiprocs=1, -l place=scatter)"
+        )
+    return place, f"{hosts[place]}'s place in PBS_NODEFILE" + (f"; PBS_NODENUM={nodenum} agrees" if nodenum is not None else "")
+
+
+# ---------------------------------------------------------------- processes per node
 
 def visible_gpus():
     """GPUs torch can see here (it honours CUDA_VISIBLE_DEVICES).
@@ -205,101 +254,209 @@ def visible_gpus():
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def cpus_here(env, scheduler_var):
-    granted = int_var(env, scheduler_var) if scheduler_var else None
+def count_cuda_visible_devices(value):
+    """How many devices CUDA_VISIBLE_DEVICES lets CUDA see ("" and "-1" hide all).
+
+    CUDA reads the list up to the first entry that is not a device index or UUID.
+    """
+    count = 0
+    for entry in value.split(","):
+        if not re.fullmatch(r"\d+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+", entry.strip()):
+            break
+        count += 1
+    return count
+
+
+def exec_vnode_gpus(exec_vnode, hosts):
+    """ngpus of this host in a PBS exec_vnode such as '(gpu01:ncpus=8:ngpus=2)+(gpu02:ncpus=8:ngpus=2)'.
+
+    None when no vnode of this host there names ngpus (the site does not define it, or the
+    job asked for none). A host's vnodes are named HOST or HOST[i].
+    """
+    total, named = 0, False
+    for vnode_spec in re.split(r"[()+]+", exec_vnode):
+        name, *resources = vnode_spec.split(":")
+        if not name or not any(name == host or name.startswith(f"{host}[") for host in hosts):
+            continue
+        for resource in resources:
+            key, _, value = resource.partition("=")
+            if key == "ngpus" and value.isdigit():
+                total, named = total + int(value), True
+    return total if named else None
+
+
+def pbs_job_gpus(job_id, host):
+    """The job's ngpus on this host, as the PBS server granted it (qstat -f), or None."""
+    qstat = shutil.which("qstat")
+    if not qstat or not job_id:
+        return None
+    try:
+        result = subprocess.run([qstat, "-f", "-F", "json", job_id], capture_output=True, text=True, timeout=30)
+        jobs = json.loads(result.stdout)["Jobs"] if result.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError):
+        return None
+    exec_vnode = next(iter(jobs.values()), {}).get("exec_vnode", "")
+    return exec_vnode_gpus(exec_vnode, {host, host.split(".")[0]})
+
+
+def granted_gpus(env, scheduler, host):
+    """(GPUs granted to this job on this node, where that was read), or (None, "") if nothing says."""
+    if scheduler == "slurm" and int_var(env, "SLURM_GPUS_ON_NODE") is not None:
+        return int_var(env, "SLURM_GPUS_ON_NODE"), f"SLURM_GPUS_ON_NODE={env['SLURM_GPUS_ON_NODE']}"
+    if "CUDA_VISIBLE_DEVICES" in env:
+        value = env["CUDA_VISIBLE_DEVICES"]
+        return count_cuda_visible_devices(value), f"CUDA_VISIBLE_DEVICES={value or '(empty)'}"
+    if scheduler == "pbs":
+        if int_var(env, "NGPUS") is not None:
+            return int_var(env, "NGPUS"), f"NGPUS={env['NGPUS']}"
+        gpus = pbs_job_gpus(env.get("PBS_JOBID"), host)
+        if gpus is not None:
+            return gpus, f"ngpus={gpus} on {host} in the job's exec_vnode (qstat -f)"
+    return None, ""
+
+
+def cpus_here(env, scheduler):
+    granted = int_var(env, {"pbs": "NCPUS", "slurm": "SLURM_CPUS_ON_NODE"}.get(scheduler, ""))
     if granted:
-        return granted, f"{scheduler_var}={granted}"
+        return granted, f"{'NCPUS' if scheduler == 'pbs' else 'SLURM_CPUS_ON_NODE'}={granted}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores, f"{cores} cores"
 
 
-def processes_per_node(env, scheduler, requested):
+def processes_per_node(env, scheduler, host, requested, warnings):
     if requested is not None:
         return requested, "--nproc-per-node"
-    gpu_var = {"pbs": "NGPUS", "slurm": "SLURM_GPUS_ON_NODE"}.get(scheduler)
-    gpus = int_var(env, gpu_var) if gpu_var else None
-    if gpus:
-        return gpus, f"one per GPU, {gpu_var}={gpus}"
-    if gpus is None:  # the scheduler did not say; ask torch
-        gpus = visible_gpus()
-        if gpus:
-            return gpus, f"one per visible GPU ({gpus})"
-    cpus, where = cpus_here(env, {"pbs": "NCPUS", "slurm": "SLURM_CPUS_ON_NODE"}.get(scheduler))
-    return max(1, min(cpus, CPU_PROCS_CAP)), f"no GPU: CPUs ({where}), at most {CPU_PROCS_CAP}"
+    granted, source = granted_gpus(env, scheduler, host)
+    seen = visible_gpus()
+    if granted:
+        if seen > granted:
+            warnings.append(
+                f"torch sees {seen} GPUs on this node but the job was granted {granted} ({source}); without "
+                f"GPU isolation (CUDA_VISIBLE_DEVICES) the {granted} process(es) use GPUs 0..{granted - 1}, "
+                "which may be another job's: ask your site how jobs get their own GPUs"
+            )
+        elif seen < granted and os.path.isdir("/proc/driver/nvidia"):
+            warnings.append(f"the job was granted {granted} GPU(s) ({source}) but torch sees {seen}: "
+                            "check the driver and the torch build (README: Which CUDA build)")
+        return granted, f"one per GPU granted: {source}"
+    if seen and scheduler == "none":
+        return seen, f"one per GPU torch sees ({seen})"
+    if seen and granted is None:
+        raise LaunchError(
+            f"torch sees {seen} GPU(s) on this node, but nothing says how many this job was granted "
+            "(no CUDA_VISIBLE_DEVICES, NGPUS or ngpus in the job's resources); pass the number: "
+            "--nproc-per-node N (in a job: COURSE_LAUNCH_ARGS=\"--nproc-per-node N\")"
+        )
+    if seen:  # granted 0, yet GPUs in view: the scripts' --device auto would take them
+        warnings.append(f"the job was granted no GPU ({source}) but torch sees {seen}; pass --device cpu to the script to stay off them")
+    cpus, where = cpus_here(env, scheduler)
+    gpus = f"{source}, so " if source else ""
+    return max(1, min(cpus, CPU_PROCS_CAP)), f"no GPU ({gpus}CPUs: {where}, at most {CPU_PROCS_CAP})"
 
+
+# ---------------------------------------------------------------- the plan
 
 def job_port(job_id):
     """The rendezvous port of a job: the same on every node, usually different between jobs."""
     return PORT_BASE + zlib.crc32(job_id.encode()) % PORT_SPAN
 
 
-def plan_from_env(env, nproc_per_node=None, port=None):
+def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_RESTARTS):
     scheduler = detect_scheduler(env)
     if scheduler == "pbs":
         job_id = env.get("PBS_JOBID") or "interactive"
-        hosts = read_nodefile(env.get("PBS_NODEFILE"))
-        node_rank = int_var(env, "PBS_NODENUM")
-        source = "PBS_NODEFILE"
+        lines = read_nodefile(env.get("PBS_NODEFILE"))
+        hosts = unique_in_order(lines)
+        hosts_source = f"PBS_NODEFILE: {len(lines)} line(s), duplicates dropped"
+        node_rank, rank_source = pbs_node_rank(env, lines, hosts)
     elif scheduler == "slurm":
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        if not nodelist:
+        variable = next((name for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(name)), None)
+        if not variable:
             raise LaunchError("SLURM_JOB_NODELIST is not set; run this inside a Slurm job (sbatch/salloc + srun)")
-        hosts = unique_in_order(slurm_hosts(nodelist))
-        node_rank = int_var(env, "SLURM_NODEID")
-        source = "SLURM_JOB_NODELIST"
+        hosts = unique_in_order(slurm_hosts(env[variable]))
+        hosts_source = f"{variable}={env[variable]}"
         tasks, nodes = int_var(env, "SLURM_STEP_NUM_TASKS"), int_var(env, "SLURM_STEP_NUM_NODES")
         if tasks and nodes and tasks > nodes:
             raise LaunchError(f"srun started {tasks} launchers on {nodes} node(s); start one per node: srun --ntasks-per-node=1")
         if len(hosts) > 1 and not env.get("SLURM_STEP_ID"):
             raise LaunchError(f"this job has {len(hosts)} nodes; start the launcher on each with srun --ntasks-per-node=1")
+        node_rank = int_var(env, "SLURM_NODEID")
+        rank_source = f"SLURM_NODEID={node_rank}"
+        if node_rank is None:
+            node_rank = place_of_this_host(hosts)
+            rank_source = "this host's place in the node list"
+            if node_rank is None and len(hosts) > 1:
+                raise LaunchError(f"this host ({socket.gethostname()}) is not in {variable} ({', '.join(hosts)}); start the launcher with srun")
+        if node_rank is not None and node_rank >= len(hosts):
+            raise LaunchError(f"this is node {node_rank} but {variable} names only {len(hosts)} host(s) ({', '.join(hosts)})")
     else:
-        job_id, hosts, node_rank, source = None, [socket.gethostname()], 0, "this machine"
-
+        job_id, hosts, hosts_source = None, [socket.gethostname()], "this machine (no scheduler)"
+        node_rank, rank_source = 0, "one node"
     if len(hosts) == 1:
-        node_rank = 0
-    elif node_rank is None:
-        node_rank = rank_by_hostname(hosts, source)
-    if node_rank >= len(hosts):
-        raise LaunchError(
-            f"this is node {node_rank} but {source} names only {len(hosts)} distinct host(s) ({', '.join(hosts)}); "
-            "ask for one chunk per node (PBS: mpiprocs=1 and -l place=scatter)"
-        )
-    nproc, reason = processes_per_node(env, scheduler, nproc_per_node)
+        node_rank, rank_source = 0, "one node"
+    warnings = []
+    nproc, nproc_source = processes_per_node(env, scheduler, hosts[node_rank], nproc_per_node, warnings)
     if len(hosts) > 1:
         port = port if port is not None else job_port(job_id)
-    return Plan(scheduler, job_id, hosts, node_rank, nproc, reason, port if len(hosts) > 1 else None)
+    return Plan(scheduler, job_id, hosts, hosts_source, node_rank, rank_source, nproc, nproc_source,
+                port if len(hosts) > 1 else None, max_restarts, warnings)
 
 
 # ---------------------------------------------------------------- the torchrun command
 
-def torchrun_command(plan, script, script_args, join_timeout=DEFAULT_JOIN_TIMEOUT, python=sys.executable):
-    command = [python, "-m", "torch.distributed.run"]
+def torchrun_options(plan, join_timeout=DEFAULT_JOIN_TIMEOUT):
+    """torchrun's options in groups: the world, the rendezvous, the restarts."""
+    world = [f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}"]
     if plan.nnodes == 1:
-        command += ["--standalone", "--nnodes=1", f"--nproc-per-node={plan.nproc_per_node}"]
-    else:
-        # is_host: the first host of the list runs the rendezvous store. Said explicitly,
-        # because torch's own guess compares host names and IPs and can miss (an alias,
-        # a second network interface), and then no node, or two, would host it.
-        is_host = 1 if plan.node_rank == 0 else 0
-        command += [
-            f"--nnodes={plan.nnodes}",
-            f"--nproc-per-node={plan.nproc_per_node}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={plan.endpoint}",
-            f"--rdzv-id={plan.rdzv_id}",
-            f"--rdzv-conf=is_host={is_host},join_timeout={join_timeout}",
-        ]
-    return command + [script] + list(script_args)
+        return [["--standalone", *world], [f"--max-restarts={plan.max_restarts}"]]
+    # is_host: the first host of the list runs the rendezvous store. Said explicitly,
+    # because torch's own guess compares host names and IPs and can miss (an alias,
+    # a second network interface), and then no node, or two, would host it.
+    is_host = 1 if plan.node_rank == 0 else 0
+    rendezvous = [
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={plan.endpoint}",
+        f"--rdzv-id={plan.rdzv_id}",
+        f"--rdzv-conf=is_host={is_host},join_timeout={join_timeout}",
+    ]
+    return [world, rendezvous, [f"--max-restarts={plan.max_restarts}"]]
 
 
-def describe(plan):
+def torchrun_command(plan, script, script_args, join_timeout=DEFAULT_JOIN_TIMEOUT, python=sys.executable):
+    options = [option for group in torchrun_options(plan, join_timeout) for option in group]
+    return [python, "-m", "torch.distributed.run", *options, script, *script_args]
+
+
+def readable_command(plan, script, script_args, join_timeout=DEFAULT_JOIN_TIMEOUT, python=sys.executable):
+    """The same command over a few lines, ready to paste into a shell."""
+    lines = [shlex.join([python, "-m", "torch.distributed.run"])]
+    lines += [shlex.join(group) for group in torchrun_options(plan, join_timeout)]
+    lines.append(shlex.join([script, *script_args]))
+    return " \\\n    ".join(lines)
+
+
+def describe(plan, script_args=()):
+    """What was derived, and from where: the first lines of a job's launch, and --dry-run's output."""
     where = {"pbs": f"PBS job {plan.job_id}", "slurm": f"Slurm job {plan.job_id}", "none": "no scheduler"}[plan.scheduler]
-    text = f"launch.py: {where}; node {plan.node_rank} of {plan.nnodes} ({', '.join(plan.hosts)}); "
-    text += f"{plan.nproc_per_node} process(es) per node ({plan.nproc_reason}); "
     if plan.port is None:
-        return text + "single node: torchrun --standalone"
-    return text + f"rendezvous c10d at {plan.endpoint}, id {plan.rdzv_id}"
+        rendezvous = ("none", "one node: torchrun --standalone")
+    else:
+        rendezvous = (f"c10d at {plan.endpoint}", f"port from the job id; rendezvous id {plan.rdzv_id}")
+    rows = [
+        ("hosts", ", ".join(plan.hosts), plan.hosts_source),
+        ("this node", f"{plan.node_rank} of {plan.nnodes}", plan.rank_source),
+        ("processes", f"{plan.nproc_per_node} per node", plan.nproc_source),
+        ("rendezvous", *rendezvous),
+        ("restarts", f"up to {plan.max_restarts}", "torchrun --max-restarts; " + (
+            "with --resume, a restart continues from the last checkpoint" if "--resume" in script_args
+            else "no --resume: a restart starts the script over")),
+    ]
+    width = max(len(value) for _, value, _ in rows)
+    lines = [f"launch.py: {where}"]
+    lines += [f"  {name:<11} {value:<{width}}   {source}" for name, value, source in rows]
+    lines += [f"launch.py: warning: {warning}" for warning in plan.warnings]
+    return "\n".join(lines)
 
 
 def check_resolves(host):
@@ -331,8 +488,10 @@ def parse_args(argv):
         description=__doc__.split("\n\n")[0] + "\n\nSee the module docstring for how each value is derived.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the torchrun command instead of running it")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: GPUs, else CPUs up to 4)")
+    parser.add_argument("--dry-run", action="store_true", help="print what was derived and the torchrun command; run nothing")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: GPUs granted, else CPUs up to 4)")
+    parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="K",
+                        help=f"times torchrun restarts a failed worker group (default {DEFAULT_MAX_RESTARTS})")
     parser.add_argument("--port", type=int, default=None, metavar="P", help="rendezvous port on the first host (default: derived from the job id)")
     parser.add_argument("--join-timeout", type=int, default=DEFAULT_JOIN_TIMEOUT, metavar="S",
                         help=f"seconds to wait for every node to join (default {DEFAULT_JOIN_TIMEOUT})")
@@ -341,6 +500,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be at least 1")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be 0 or more")
     if args.port is not None and not 1 <= args.port <= 65535:
         parser.error("--port must be between 1 and 65535")
     if args.join_timeout < 1:
@@ -354,12 +515,13 @@ def main(argv=None, env=None):
     try:
         if not os.path.isfile(args.script):
             raise LaunchError(f"no such training script: {args.script} (run from the course directory, e.g. scripts/train_ddp.py)")
-        plan = plan_from_env(env, args.nproc_per_node, args.port)
+        plan = plan_from_env(env, args.nproc_per_node, args.port, args.max_restarts)
         command = torchrun_command(plan, args.script, args.script_args, args.join_timeout)
-        print(describe(plan), file=sys.stderr, flush=True)
         if args.dry_run:
-            print(shlex.join(command), flush=True)
+            print(describe(plan, args.script_args))
+            print(readable_command(plan, args.script, args.script_args, args.join_timeout), flush=True)
             return 0
+        print(describe(plan, args.script_args), file=sys.stderr, flush=True)
         if plan.port is not None:
             check_resolves(plan.hosts[0])
             if plan.node_rank == 0:

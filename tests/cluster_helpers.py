@@ -1,4 +1,4 @@
-"""Shared by the tests that run the launcher and the job scripts as a scheduler would."""
+"""Shared by the tests of the launcher and the job scripts, and those that run them on a real PBS or Slurm."""
 import functools
 import importlib.util
 import json
@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,29 +62,6 @@ def clean_environment():
     return env
 
 
-def pbs_environment(tmp_path, hosts, job_id, ncpus, course_args):
-    """What PBS sets for a job: the course directory, a node file, a job id, the CPUs.
-
-    The pbsdsh stand-in goes first on PATH, and on PBS_O_PATH (the submitter's PATH,
-    which pbsdsh tasks get back).
-    """
-    nodefile = tmp_path / f"nodefile.{job_id}"
-    nodefile.write_text("".join(f"{host}\n" for host in hosts))
-    env = clean_environment()
-    env["PATH"] = f"{STAND_INS}{os.pathsep}{env.get('PATH', '')}"
-    env.update(
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_O_WORKDIR=str(REPO),
-        PBS_O_PATH=env["PATH"],
-        PBS_NODEFILE=str(nodefile),
-        PBS_JOBID=job_id,
-        PBS_QUEUE="workq",
-        NCPUS=str(ncpus),
-        COURSE_ARGS=course_args,
-    )
-    return env
-
-
 def run_job(script, env, cwd, timeout=300):
     """Run a job script under bash, as the scheduler would; output and errors together."""
     return subprocess.run(
@@ -98,3 +76,55 @@ def read_record(path):
 
 def shellcheck():
     return shutil.which("shellcheck")
+
+
+# ---------------------------------------------------------------- a real OpenPBS (.ci/start_pbs.sh)
+
+PBS_STATE = Path("/var/lib/course-pbs")  # where .ci/start_pbs.sh describes the PBS it started
+
+
+def pbs_setup():
+    """(what .ci/start_pbs.sh wrote about its PBS as a dict, None) or (None, why there is none)."""
+    if (PBS_STATE / "not-installed").exists():
+        return None, f"OpenPBS could not be installed here: {(PBS_STATE / 'not-installed').read_text().strip()}"
+    if not (PBS_STATE / "env").exists():
+        return None, "OpenPBS is not set up on this machine; `sudo bash .ci/start_pbs.sh` builds and starts one"
+    if os.geteuid() != 0:
+        return None, "the test PBS runs in network namespaces that only root can enter; run the tests as root"
+    pairs = (line.split("=", 1) for line in (PBS_STATE / "env").read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return dict(pairs), None
+
+
+def pbs_as_root(setup, *command, timeout=60):
+    """A PBS client command as root, on the PBS head host."""
+    return subprocess.run([setup["PBS_ROOT_COMMAND"], *command], capture_output=True, text=True, timeout=timeout)
+
+
+def pbs_as_user(setup, command_line, timeout=60, stdin=None):
+    """A command line as the job user, in a login shell on the PBS head host: a user at the login node."""
+    return subprocess.run([setup["PBS_USER_COMMAND"], command_line], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def copy_course_for(user, destination):
+    """The course as a user has it: every file git knows, or would add, copied into DESTINATION, owned by USER."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    subprocess.run(["chown", "-R", f"{user}:", str(destination)], check=True)
+
+
+def wait_for_file(path, seconds=30):
+    """A job's output file, once PBS has copied it back (after `qsub -W block=true` returned)."""
+    size = -1
+    for _ in range(int(seconds * 5)):
+        if path.exists() and path.stat().st_size == size:  # there, and no longer growing
+            return path.read_text()
+        size = path.stat().st_size if path.exists() else -1
+        time.sleep(0.2)
+    return path.read_text() if path.exists() else None

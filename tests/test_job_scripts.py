@@ -1,26 +1,24 @@
-"""The PBS job scripts, run as PBS would run them, on this machine.
+"""The job scripts as files: shellcheck, the paths they name, the resources they ask
+for, and site.sh's set-up run under bash.
 
-There is no PBS server here. A PBS job script is a bash script whose #PBS lines are
-comments, so each test runs it under bash with the environment PBS would set:
-PBS_O_WORKDIR (the course directory), PBS_NODEFILE, PBS_JOBID, NCPUS, and no GPU, so
-the CPU and gloo path is taken. The 2-node job gets a node file naming two loopback
-hosts and a stand-in for pbsdsh (tests/cluster_stand_ins/pbsdsh) first on PATH: its
-two torchruns meet over c10d on loopback and train with world size 4.
+Running them is the job of tests/test_pbs.py (every PBS job, on a real OpenPBS with two
+hosts) and tests/test_slurm.py (every Slurm job, on a real Slurm).
 """
 import re
 import subprocess
 
 import pytest
 
-from cluster_helpers import (
-    JOB_SCRIPTS, REPO, SHORT_RUN, STAND_INS, clean_environment, job_id_with_free_port, pbs_environment,
-    read_record, run_job, shellcheck,
-)
+from cluster_helpers import JOB_SCRIPTS, REPO, STAND_INS, clean_environment, run_job, shellcheck
 
 STEPS = ["01_baseline", "02_allreduce", "03_data_parallel", "04_ddp", "04_ddp_2nodes"]
 PBS_JOBS = sorted(JOB_SCRIPTS.glob("*.pbs"))
 SLURM_JOBS = sorted(JOB_SCRIPTS.glob("*.sbatch"))
-SHELL_FILES = sorted(JOB_SCRIPTS.iterdir()) + [STAND_INS / "pbsdsh", REPO / ".ci" / "start_slurm.sh"]
+SHELL_FILES = sorted(JOB_SCRIPTS.iterdir()) + sorted(STAND_INS.iterdir()) + sorted((REPO / ".ci").glob("*.sh"))
+
+# What every PBS knows: in a select chunk, and as a job-wide -l resource.
+STANDARD_CHUNK = {"ncpus", "mem", "mpiprocs", "ompthreads"}
+STANDARD_JOB_WIDE = {"select", "walltime", "place"}
 
 
 def names(paths):
@@ -28,8 +26,8 @@ def names(paths):
 
 
 def test_every_step_has_a_pbs_and_a_slurm_job():
-    assert [path.stem for path in PBS_JOBS] == STEPS
-    assert [path.stem for path in SLURM_JOBS] == STEPS
+    assert set(STEPS) <= {path.stem for path in PBS_JOBS}
+    assert set(STEPS) <= {path.stem for path in SLURM_JOBS}
 
 
 @pytest.mark.parametrize("path", SHELL_FILES, ids=names(SHELL_FILES))
@@ -54,107 +52,41 @@ def test_every_path_a_job_names_exists(path):
     assert not missing, f"{path.name} names files that do not exist: {missing}"
 
 
+def resource_lines(text, prefix="#PBS"):
+    """The -l resources of the lines that start with PREFIX ("#PBS": what qsub reads)."""
+    return [value for value in re.findall(rf"^{prefix} -l (\S+)$", text, re.M)]
+
+
 @pytest.mark.parametrize("path", PBS_JOBS, ids=names(PBS_JOBS))
-def test_pbs_resource_lines(path):
+def test_pbs_jobs_ask_only_for_what_every_pbs_has(path):
     text = path.read_text()
-    select = re.search(r"^#PBS -l select=(\S+)", text, re.M).group(1)
-    assert re.search(r"ncpus=\d+", select) and re.search(r"ngpus=\d+", select) and "gpu_model=" in select
+    for resource in resource_lines(text):
+        name, _, value = resource.partition("=")
+        assert name in STANDARD_JOB_WIDE, f"{path.name}: -l {resource} is not known to every PBS"
+        if name == "select":
+            chunk_keys = {part.partition("=")[0] for part in value.split(":")[1:]}
+            assert chunk_keys <= STANDARD_CHUNK, f"{path.name}: {resource} names {chunk_keys - STANDARD_CHUNK}"
+    assert not re.search(r"^#PBS -(q|A)\b", text, re.M), "a queue or project is site-specific: a ##PBS line"
     assert re.search(r"^#PBS -l walltime=\d+:\d\d:\d\d$", text, re.M)
-    assert re.search(r"^#PBS -q \S+$", text, re.M)
     assert 'cd "${PBS_O_WORKDIR' in text
-    if path.stem == "01_baseline":
-        assert select.startswith("1:ncpus=8:mem=16gb:ngpus=1:")
-    if path.stem == "04_ddp_2nodes":
-        assert select.startswith("2:") and "mpiprocs=1" in select and "#PBS -l place=scatter" in text
 
 
-# ---------------------------------------------------------------- running the PBS jobs
-
-def run_pbs_job(step, tmp_path, hosts=("localhost",), ncpus=2, extra_args="", launch_args=""):
-    job_id = job_id_with_free_port(step.replace("_", "")[:8])
-    args = f"{SHORT_RUN} --results-dir {tmp_path} --run-name {step} {extra_args}".strip()
-    env = pbs_environment(tmp_path, list(hosts), job_id, ncpus, args)
-    env["COURSE_LAUNCH_ARGS"] = launch_args
-    # PBS starts a job in the home directory; the job must cd to PBS_O_WORKDIR itself.
-    result = run_job(JOB_SCRIPTS / f"{step}.pbs", env, cwd=tmp_path)
-    return result, tmp_path / f"{step}.json"
-
-
-SINGLE_NODE_JOBS = [  # job, script, world size with NCPUS=2 and no GPU
-    ("01_baseline", "train_single", 1),
-    ("02_allreduce", "train_allreduce", 2),
-    ("03_data_parallel", "train_dp", 1),
-    ("04_ddp", "train_ddp", 2),
-]
+@pytest.mark.parametrize("path", [p for p in PBS_JOBS if "##PBS -l select=" in p.read_text()],
+                         ids=names([p for p in PBS_JOBS if "##PBS -l select=" in p.read_text()]))
+def test_the_gpu_line_asks_for_the_same_cpus_plus_gpus(path):
+    """Swapping the ##PBS select line in for the #PBS one adds GPUs and changes nothing else."""
+    text = path.read_text()
+    plain = next(r for r in resource_lines(text) if r.startswith("select="))
+    gpu = next(r for r in resource_lines(text, "##PBS") if r.startswith("select="))
+    gpu_parts = gpu.split(":")
+    assert [part for part in gpu_parts if not part.startswith(("ngpus=", "gpu_model="))] == plain.split(":")
+    assert any(part.startswith("ngpus=") for part in gpu_parts)
 
 
-@pytest.mark.parametrize("step, script, world_size", SINGLE_NODE_JOBS, ids=[job[0] for job in SINGLE_NODE_JOBS])
-def test_single_node_pbs_job_trains(tmp_path, step, script, world_size):
-    result, record_path = run_pbs_job(step, tmp_path)
-    log = result.stdout
-    assert result.returncode == 0, log
-    assert "== job " in log and "== torch " in log and "== python: " in log and "== GPUs: " in log
-    assert "== exit status 0" in log
-    record = read_record(record_path)
-    assert (record["script"], record["world_size"], record["device"]) == (script, world_size, "cpu")
-    assert record["dataset"] == "mnist5k" and len(record["per_epoch"]) == 1
-    if world_size > 1:
-        assert f"pre-flight all_reduce ok: {world_size} rank(s)" in log
-
-
-@pytest.fixture(scope="module")
-def two_node_and_one_node_runs(tmp_path_factory):
-    """The real 2-node job (2 loopback hosts x 2 processes) and 04_ddp.pbs with 4 processes.
-
-    Both also pass launcher options through COURSE_LAUNCH_ARGS: the 2-node job's cross pbsdsh.
-    """
-    two = tmp_path_factory.mktemp("two_nodes")
-    one = tmp_path_factory.mktemp("one_node")
-    return run_pbs_job("04_ddp_2nodes", two, hosts=("localhost", "127.0.0.1"), ncpus=2, launch_args="--join-timeout 120"), \
-        run_pbs_job("04_ddp", one, ncpus=2, launch_args="--nproc-per-node 4")
-
-
-def test_two_node_pbs_job_rendezvous_and_trains(two_node_and_one_node_runs):
-    (result, record_path), _ = two_node_and_one_node_runs
-    log = result.stdout
-    assert result.returncode == 0, log
-    assert "== pbsdsh: node_launch.sh on 2 node(s): localhost 127.0.0.1" in log
-    for node in (0, 1):
-        assert f"node {node} of 2 (localhost, 127.0.0.1)" in log  # one launcher per node
-        assert f"== node {node} (" in log and re.search(rf"== node {node} \(\S+\): exit status 0", log)
-    assert "pre-flight all_reduce ok: 4 rank(s)" in log
-    assert log.count("join_timeout=120 scripts/train_ddp.py") == 2  # COURSE_LAUNCH_ARGS reached both nodes
-    assert read_record(record_path)["world_size"] == 4
-    assert not list(REPO.glob(".pbs_job.*")), "the job should remove its shared job folder"
-
-
-def test_two_nodes_match_one_node_with_four_processes(two_node_and_one_node_runs):
-    (two_result, two_path), (one_result, one_path) = two_node_and_one_node_runs
-    assert two_result.returncode == 0, two_result.stdout
-    assert one_result.returncode == 0, one_result.stdout
-    two, one = read_record(two_path), read_record(one_path)
-    assert two["world_size"] == one["world_size"] == 4
-    assert two["global_batch_size"] == one["global_batch_size"]
-    # The same ranks see the same shards with the same seeds; only where they run differs.
-    assert two["final_test_loss"] == pytest.approx(one["final_test_loss"], rel=1e-4)
-    assert two["final_test_accuracy"] == pytest.approx(one["final_test_accuracy"], abs=0.002)
-    assert two["per_epoch"][0]["train_loss"] == pytest.approx(one["per_epoch"][0]["train_loss"], rel=1e-4)
-
-
-# ---------------------------------------------------------------- failures reach the job's exit status
-
-def test_a_failing_training_fails_the_job(tmp_path):
-    result, _ = run_pbs_job("01_baseline", tmp_path, extra_args="--epochs 0")
-    assert result.returncode != 0, result.stdout
-    assert re.search(r"== exit status [1-9]", result.stdout)
-
-
-def test_a_failing_node_fails_the_two_node_job(tmp_path):
-    # pbsdsh exits 0 whatever its tasks do; the job reads each node's status instead.
-    result, _ = run_pbs_job("04_ddp_2nodes", tmp_path, hosts=("localhost", "127.0.0.1"), extra_args="--epochs 0")
-    assert result.returncode != 0, result.stdout
-    assert "training failed on at least one node" in result.stdout
-    assert not list(REPO.glob(".pbs_job.*"))
+def test_the_2node_job_asks_for_one_chunk_per_host():
+    text = (JOB_SCRIPTS / "04_ddp_2nodes.pbs").read_text()
+    select = next(r for r in resource_lines(text) if r.startswith("select="))
+    assert select.startswith("select=2:") and "mpiprocs=1" in select and "place=scatter" in resource_lines(text)
 
 
 def test_outside_a_job_the_script_says_so(tmp_path):
@@ -163,15 +95,73 @@ def test_outside_a_job_the_script_says_so(tmp_path):
     assert "PBS_O_WORKDIR: is not set: submit this with qsub" in result.stdout
 
 
-# ---------------------------------------------------------------- the pbsdsh stand-in itself
+# ---------------------------------------------------------------- site.sh and common.sh under bash
 
-def test_pbsdsh_stand_in_runs_once_per_node_like_pbsdsh(tmp_path):
-    env = pbs_environment(tmp_path, ["localhost", "127.0.0.1"], "1.stand-in", 2, "")
-    env["HOME"] = str(tmp_path)
-    env["VIRTUAL_ENV"] = "/set/by/the/job/script"
-    task = 'echo "node=$PBS_NODENUM pwd=$PWD venv=${VIRTUAL_ENV:-none}"; exit $((PBS_NODENUM * 3))'
-    result = subprocess.run([str(STAND_INS / "pbsdsh"), "--", "bash", "-c", task], env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0  # as pbsdsh: a task's failure is not its exit status
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("node="))
-    assert lines == [f"node=0 pwd={tmp_path} venv=none", f"node=1 pwd={tmp_path} venv=none"]
-    assert "task 1 exit status 3" in result.stdout
+def bash_in_course(script, env=None, timeout=60):
+    """Run SCRIPT with common.sh sourced, in the course directory, without a module system."""
+    env = dict(env or clean_environment())
+    for name in ("MODULESHOME", "LOADEDMODULES", "BASH_ENV", "CONDA_EXE"):
+        env.pop(name, None)
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; source job_scripts/common.sh; {script}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_modules_asked_for_without_a_module_command_is_an_error():
+    env = clean_environment()
+    env["COURSE_MODULES"] = "cuda/12.4"
+    result = bash_in_course("site_load_modules; echo loaded", env)
+    assert result.returncode == 1 and "loaded" not in result.stdout
+    assert result.stderr.strip() == (
+        "job: error: modules are asked for (COURSE_MODULES='cuda/12.4') but this shell has no 'module' command; "
+        "set COURSE_MODULES=\"\" and COURSE_MODULE_PATH=\"\" in job_scripts/site.sh, or ask your site how batch jobs load modules"
+    )
+
+
+def test_no_modules_by_default():
+    result = bash_in_course('site_load_modules; echo "modules=[$COURSE_MODULES]"')
+    assert result.returncode == 0 and "modules=[]" in result.stdout
+
+
+def test_conda_asked_for_without_conda_is_an_error(tmp_path):
+    env = clean_environment()
+    env.update(COURSE_VENV=str(tmp_path / "no-venv"), COURSE_CONDA_ENV="ddp-course", PATH="/usr/bin:/bin")
+    result = bash_in_course("site_activate_python", env)
+    assert result.returncode == 1
+    assert "no conda on PATH to activate 'ddp-course'" in result.stderr and "COURSE_MODULES" in result.stderr
+
+
+def test_the_setup_a_node_takes_over_is_what_site_sh_changed(tmp_path):
+    """course_setup in the job shell, then course_load_setup in a bare shell, as a pbsdsh task gets."""
+    conda = tmp_path / "conda"
+    (conda / "bin").mkdir(parents=True)
+    (conda / "envs" / "course" / "bin").mkdir(parents=True)
+    (conda / "bin" / "conda").write_bytes((STAND_INS / "conda").read_bytes())
+    (conda / "bin" / "conda").chmod(0o755)
+    python = conda / "envs" / "course" / "bin" / "python"
+    python.symlink_to("/bin/true")
+    env = clean_environment()
+    env.update(COURSE_VENV="", COURSE_CONDA_ENV="course", PATH=f"{conda / 'bin'}:/usr/bin:/bin", UNTOUCHED="1")
+    saved = tmp_path / "setup.env"
+    job = bash_in_course(f"umask 022; course_setup; course_save_setup {saved}", env)
+    assert job.returncode == 0, job.stderr
+    text = saved.read_text()
+    assert f"export COURSE_PYTHON={python}" in text and f"export CONDA_PREFIX={conda}/envs/course" in text
+    assert "UNTOUCHED" not in text and "umask 0022" in text  # what the set-up left alone stays out
+    task = subprocess.run(
+        ["env", "-i", "PATH=/bin:/usr/bin", f"HOME={tmp_path}", "bash", "-c",
+         f"set -euo pipefail; umask 077; source job_scripts/common.sh; course_load_setup {saved}; "
+         'echo "python=$(command -v python) umask=$(umask) prefix=$CONDA_PREFIX"'],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert task.returncode == 0, task.stderr
+    assert task.stdout.strip() == f"python={python} umask=0022 prefix={conda}/envs/course"
+
+
+def test_a_node_that_cannot_run_the_jobs_python_says_so(tmp_path):
+    saved = tmp_path / "setup.env"
+    saved.write_text("export COURSE_PYTHON=/scratch/node-local/venv/bin/python\n")
+    task = subprocess.run(
+        ["env", "-i", "PATH=/bin:/usr/bin", "bash", "-c", f"set -euo pipefail; source job_scripts/common.sh; course_load_setup {saved}"],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert task.returncode == 1
+    assert "cannot run /scratch/node-local/venv/bin/python, the python the job shell set up" in task.stderr
+    assert "a file system every node sees" in task.stderr

@@ -1,5 +1,7 @@
 """scripts/launch.py: the torchrun arguments it derives from PBS and Slurm environments,
 and the clear one-line errors it gives for a broken one."""
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -16,8 +18,9 @@ TORCHRUN = ["python", "-m", "torch.distributed.run"]
 
 @pytest.fixture(autouse=True)
 def no_gpus_here(monkeypatch):
-    """Whatever this machine has, the launcher sees no GPU unless the environment says so."""
+    """Whatever this machine has, the launcher sees no GPU and no PBS server unless a test says so."""
     monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(launch, "pbs_job_gpus", lambda job_id, host: None)
 
 
 def nodefile(tmp_path, *lines):
@@ -42,7 +45,7 @@ def test_pbs_two_nodes_second_node(tmp_path):
     port = launch.job_port("4242.pbs01")
     assert command_for(env) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu01:{port}",
-        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", SCRIPT, "--epochs", "1",
+        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SCRIPT, "--epochs", "1",
     ]
 
 
@@ -73,9 +76,38 @@ def test_pbs_more_tasks_than_hosts(tmp_path):
         launch.plan_from_env(env)
 
 
+def this_host():
+    return socket.gethostname()
+
+
+def test_pbs_node_rank_is_the_hosts_place_and_pbs_nodenum_must_agree(tmp_path):
+    # What a real pbsdsh task sees: PBS_NODENUM is the host's index, PBS_TASKNUM some number.
+    env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, "elsewhere01", this_host()),
+           "PBS_NODENUM": "1", "PBS_TASKNUM": "3000002"}
+    plan = launch.plan_from_env(env)
+    assert (plan.node_rank, plan.nnodes) == (1, 2)
+    assert "PBS_NODENUM=1 agrees" in plan.rank_source
+    with pytest.raises(launch.LaunchError, match=r"host 1 of PBS_NODEFILE, but PBS_NODENUM=0"):
+        launch.plan_from_env({**env, "PBS_NODENUM": "0"})
+
+
+def test_pbs_two_tasks_on_one_host_are_refused(tmp_path):
+    # Two chunks packed on one host: the node file lists it twice, and pbsdsh starts a task per line.
+    env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, this_host(), this_host(), "elsewhere01"),
+           "PBS_NODENUM": "0", "PBS_TASKNUM": "2"}
+    with pytest.raises(launch.LaunchError, match=rf"lists {this_host()} 2 times, so pbsdsh starts 2 launchers.*place=scatter"):
+        launch.plan_from_env(env)
+    # The same node file in the job script (task 1) of a one-host job is one node.
+    env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, this_host(), this_host()),
+           "PBS_NODENUM": "0", "PBS_TASKNUM": "1"}
+    assert launch.plan_from_env(env).nnodes == 1
+    with pytest.raises(launch.LaunchError, match="2 times"):
+        launch.plan_from_env({**env, "PBS_TASKNUM": "00000003"})
+
+
 def test_pbs_one_node_is_a_standalone_torchrun(tmp_path):
     env = {"PBS_JOBID": "8.srv", "PBS_NODEFILE": nodefile(tmp_path, *["gpu05"] * 8), "NGPUS": "4", "NCPUS": "32"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3", SCRIPT, "--epochs", "1"]
 
 
 @pytest.mark.parametrize("ncpus, expected", [("16", 4), ("2", 2), ("1", 1)])
@@ -98,6 +130,69 @@ def test_pbs_missing_or_empty_node_file(tmp_path):
         launch.plan_from_env({"PBS_JOBID": "1.srv", "PBS_NODEFILE": nodefile(tmp_path, "", "  ")})
 
 
+# ---------------------------------------------------------------- GPUs: what the job was granted
+
+@pytest.mark.parametrize("value, count", [
+    ("0,1", 2), ("3", 1), ("", 0), ("-1", 0), ("GPU-8f2c1e2a-1b2c,GPU-77aa0e1f-9c0d", 2), ("0,-1,1", 1),
+    ("MIG-5c3e3a1b-6d1f-5b7a-9a3e-1c2d3e4f5a6b", 1),
+])
+def test_cuda_visible_devices_counted_as_cuda_reads_it(value, count):
+    assert launch.count_cuda_visible_devices(value) == count
+
+
+def test_gpus_from_cuda_visible_devices_not_from_the_node(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 2)  # torch honours CUDA_VISIBLE_DEVICES
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "CUDA_VISIBLE_DEVICES": "4,5", "NCPUS": "16"}
+    plan = launch.plan_from_env(env)
+    assert plan.nproc_per_node == 2 and "CUDA_VISIBLE_DEVICES=4,5" in plan.nproc_source
+    assert not plan.warnings
+
+
+def test_an_empty_cuda_visible_devices_means_cpus(tmp_path):
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "cpu01"), "CUDA_VISIBLE_DEVICES": "", "NCPUS": "3"}
+    plan = launch.plan_from_env(env)
+    assert plan.nproc_per_node == 3 and plan.nproc_source.startswith("no GPU (CUDA_VISIBLE_DEVICES=(empty)")
+
+
+@pytest.mark.parametrize("exec_vnode, hosts, gpus", [
+    ("(pbshead:ncpus=2:ngpus=1)+(pbsnode2:ncpus=2:ngpus=2)", {"pbsnode2"}, 2),
+    ("(pbshead:ncpus=2:ngpus=1)+(pbsnode2:ncpus=2:ngpus=2)", {"pbshead"}, 1),
+    ("(gpu01[0]:ncpus=8:ngpus=1+gpu01[1]:ncpus=8:ngpus=1)+(gpu02[0]:ngpus=2)", {"gpu01"}, 2),
+    ("(pbshead:ncpus=2)+(pbsnode2:ncpus=2)", {"pbshead"}, None),  # the site defines no ngpus
+    ("(pbshead:ncpus=2:ngpus=1)", {"pbsnode2"}, None),
+])
+def test_gpus_from_the_jobs_exec_vnode(exec_vnode, hosts, gpus):
+    assert launch.exec_vnode_gpus(exec_vnode, hosts) == gpus
+
+
+def test_gpus_from_the_pbs_jobs_resources(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "pbs_job_gpus", lambda job_id, host: 2 if (job_id, host) == ("9.srv", "gpu01") else None)
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NCPUS": "16"}
+    plan = launch.plan_from_env(env)
+    assert plan.nproc_per_node == 2 and "exec_vnode" in plan.nproc_source
+
+
+def test_a_warning_when_torch_sees_more_gpus_than_granted(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 8)
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "2"}
+    plan = launch.plan_from_env(env)
+    assert plan.nproc_per_node == 2
+    assert len(plan.warnings) == 1 and "torch sees 8 GPUs on this node but the job was granted 2" in plan.warnings[0]
+
+
+def test_gpus_the_job_does_not_account_for_are_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 4)
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NCPUS": "16"}
+    with pytest.raises(launch.LaunchError, match="torch sees 4 GPU.*nothing says how many.*--nproc-per-node N"):
+        launch.plan_from_env(env)
+    assert launch.plan_from_env(env, nproc_per_node=4).nproc_per_node == 4
+
+
+def test_without_a_scheduler_every_gpu_in_view_is_used(monkeypatch):
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 3)
+    assert launch.plan_from_env({}).nproc_per_node == 3
+
+
 # ---------------------------------------------------------------- Slurm
 
 SLURM_STEP = {  # what srun --ntasks-per-node=1 sets on the second of two nodes
@@ -111,7 +206,7 @@ def test_slurm_two_nodes():
     port = launch.job_port("777")
     assert command_for(SLURM_STEP) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu07:{port}",
-        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", SCRIPT, "--epochs", "1",
+        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SCRIPT, "--epochs", "1",
     ]
 
 
@@ -124,7 +219,7 @@ def test_slurm_cpu_node():
 
 def test_slurm_one_node_in_the_batch_script():
     env = {"SLURM_JOB_ID": "778", "SLURM_JOB_NODELIST": "gpu03", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "2"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3", SCRIPT, "--epochs", "1"]
 
 
 def test_slurm_several_nodes_need_srun():
@@ -155,6 +250,7 @@ def test_no_scheduler_is_a_standalone_torchrun():
     command = command_for({})
     assert command[:5] == TORCHRUN + ["--standalone", "--nnodes=1"]
     assert command[5] in {f"--nproc-per-node={n}" for n in range(1, launch.CPU_PROCS_CAP + 1)}
+    assert command[6:] == ["--max-restarts=3", SCRIPT, "--epochs", "1"]
 
 
 def test_the_port_is_tied_to_the_job():
@@ -186,13 +282,20 @@ def pbs_env(tmp_path, *hosts, **extra):
     return env
 
 
-def test_dry_run_prints_the_command_and_passes_script_arguments_through(tmp_path):
-    env = pbs_env(tmp_path, "localhost", "127.0.0.1", PBS_NODENUM="1")
-    result = run_launcher("--dry-run", SCRIPT, "--port", "7", "--epochs", "1", env=env)
+def test_dry_run_says_what_it_derived_and_prints_a_command_that_runs(tmp_path):
+    env = pbs_env(tmp_path, "node-a", "node-b", PBS_NODENUM="1")
+    result = run_launcher("--dry-run", "--max-restarts", "5", SCRIPT, "--port", "7", "--epochs", "1", env=env)
     assert result.returncode == 0, result.stderr
-    assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=2" in result.stdout
-    assert result.stdout.strip().endswith(f"{SCRIPT} --port 7 --epochs 1")  # --port after SCRIPT is the script's
-    assert "node 1 of 2" in result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "launch.py: PBS job 55.srv"
+    assert re.fullmatch(r"  this node +1 of 2 +PBS_NODENUM=1 \(this host, .*, is not named in PBS_NODEFILE\)", lines[2])
+    assert re.fullmatch(r"  processes +2 per node +no GPU \(CUDA_VISIBLE_DEVICES=\(empty\), so CPUs: NCPUS=2, at most 4\)", lines[3])
+    assert re.fullmatch(r"  restarts +up to 5 +torchrun --max-restarts; no --resume: a restart starts the script over", lines[5])
+    # The command, over lines joined by backslash-newline as a shell joins them.
+    command = shlex.split(result.stdout[result.stdout.index(sys.executable):].replace("\\\n", ""))
+    assert command[:5] == [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2"]
+    assert "--max-restarts=5" in command
+    assert command[-5:] == [SCRIPT, "--port", "7", "--epochs", "1"]  # --port after SCRIPT is the script's
 
 
 def test_cli_missing_node_file(tmp_path):
@@ -234,5 +337,5 @@ def test_runs_torchrun_for_real_without_a_scheduler(tmp_path):
     result = run_launcher("--nproc-per-node", "2", SCRIPT, *SHORT_RUN.split(), "--results-dir", str(tmp_path),
                           "--run-name", "standalone", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "single node: torchrun --standalone" in result.stderr
+    assert "one node: torchrun --standalone" in result.stderr
     assert read_record(tmp_path / "standalone.json")["world_size"] == 2

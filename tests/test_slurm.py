@@ -56,10 +56,12 @@ def submitted(tmp_path_factory):
     overrides = [f"--partition={partition}", "--gres=none", "--mem=0", f"--cpus-per-task={cpus}", "--time=10"]
     out = tmp_path_factory.mktemp("slurm")
     jobs = {}
-    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch"))] + ["failing"]:
+    # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it).
+    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch")) if path.stem != "jupyter"] + ["failing"]:
         script = "01_baseline" if step == "failing" else step
         env = clean_environment()
         env["COURSE_ARGS"] = f"{SHORT_RUN} --results-dir {out} --run-name {step}" + (" --epochs 0" if step == "failing" else "")
+        env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / step)
         result = subprocess.run(
             ["sbatch", "--parsable", *overrides, f"--job-name=test-{step}", f"--output={out}/{step}-%j.out",
              f"job_scripts/{script}.sbatch"],
@@ -79,7 +81,7 @@ def submitted(tmp_path_factory):
         slurm("scancel", *jobs.values())
         pytest.fail(f"Slurm jobs not done after {WAIT_SECONDS} s: {states}")
     logs = {step: "\n".join(path.read_text() for path in out.glob(f"{step}-*.out")) for step in jobs}
-    return {"out": out, "cpus": cpus, "states": states, "logs": logs, "jobs": jobs}
+    return {"out": out, "cpus": cpus, "states": states, "logs": logs, "jobs": jobs, "overrides": overrides}
 
 
 EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
@@ -104,11 +106,43 @@ def test_sbatch_job_completes_and_writes_its_record(submitted, step):
 
 def test_two_node_sbatch_job_starts_one_launcher_per_node(submitted):
     log = submitted["logs"]["04_ddp_2nodes"]
-    assert "node 0 of 2" in log and "node 1 of 2" in log, log
-    assert "rendezvous c10d at" in log
+    assert re.search(r"this node +0 of 2", log) and re.search(r"this node +1 of 2", log), log
+    assert re.search(r"rendezvous +c10d at ", log), log
     assert f"pre-flight all_reduce ok: {2 * min(submitted['cpus'], 4)} rank(s)" in log
 
 
 def test_a_failing_sbatch_job_fails(submitted):
     state, exit_code = submitted["states"]["failing"]
     assert state == "FAILED" and exit_code != "0:0", submitted["logs"]["failing"]
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint(submitted):
+    """scontrol requeue kills a running job and queues it again under the same id: it resumes."""
+    out = submitted["out"]
+    env = clean_environment()
+    # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
+    env["COURSE_ARGS"] = (f"--epochs 1 --max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600 "
+                          f"--results-dir {out} --run-name requeued")
+    env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / "requeued")
+    result = subprocess.run(["sbatch", "--parsable", *submitted["overrides"], "--job-name=test-requeued",
+                             f"--output={out}/requeued.out", "job_scripts/04_ddp.sbatch"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip().split(";")[0]
+    try:
+        step_2 = out / "checkpoints" / "requeued" / "checkpoint-00000002.pt"
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not step_2.exists() and job_state(job_id)[0] not in DONE and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert step_2.exists(), f"no checkpoint after step 2: {job_state(job_id)}"
+        requeue = slurm("scontrol", "requeue", job_id)
+        assert requeue.returncode == 0, requeue.stderr
+        while job_state(job_id)[0] not in DONE and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        slurm("scancel", job_id)
+    log = (out / "requeued.out").read_text()
+    assert job_state(job_id) == ("COMPLETED", "0:0"), log
+    assert log.count("== job ") == 2, log  # --open-mode=append: both runs in one log
+    assert "resumed from " in log and "checkpoint-00000002.pt: epoch 1, 2 of" in log, log
+    assert read_record(out / "requeued.json")["resumed_at_step"] == 2

@@ -1,56 +1,115 @@
 """Small helpers the notebooks use, so that no notebook pastes code of its own.
 
 - ``torchrun``: start a script in several processes from a notebook cell, the way a
-  terminal would (``mp.spawn`` of functions defined in a notebook cannot be pickled);
+  terminal would (``mp.spawn`` of functions defined in a notebook fails: notebook 00 shows why);
+- ``python``: start a script as one plain process;
 - ``show_diff``: print the diff between two scripts, which is the lesson of a step;
 - ``read_record``: load the JSON record a run wrote;
-- ``save_figure``: save a figure under ``figs/`` of the repository.
+- ``save_figure``: save a figure under ``results/figs/``, which git ignores;
+- ``child_stderr``: collect what child processes write to stderr, instead of showing it.
+
+A run that fails raises ``RunFailed``, whose message ends with the last lines of the
+run's output, stderr included: a failed cell says why, also in a test report.
 """
+import contextlib
 import difflib
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .cli import REPO
 from .distributed import FRESH_STORE_PER_ATTEMPT
 
 SCRIPTS = REPO / "scripts"
-FIGS = REPO / "figs"
+# Figures drawn by the notebooks hold this machine's measurements, so they go where git
+# does not look. The reference copies in figs/ change only through `make figures`.
+FIGURES = REPO / "results" / "figs"
+TAIL_LINES = 40  # how much of a failed run's output its exception carries
 
 
-def torchrun(script, *args, nproc=2, timeout=600, echo=True):
+class RunFailed(RuntimeError):
+    """A script started from a notebook exited with an error (or ran past its time limit)."""
+
+    def __init__(self, script, status, output):
+        self.script, self.status, self.output = script, status, output
+        tail = "\n".join(output.rstrip().splitlines()[-TAIL_LINES:]) or "(no output)"
+        super().__init__(f"{script} {status}; the last lines of its output (stderr included):\n{tail}")
+
+
+def torchrun(script, *args, nproc=2, timeout=600, echo=True, launcher_args=("--standalone",), env=None):
     """Run ``scripts/<script>`` under torch.distributed.run on this machine; return its output.
 
     ``sys.executable -m torch.distributed.run`` rather than ``torchrun``: the kernel's
-    Python is the one with torch installed, whatever is on PATH. Raises when the run fails.
+    Python is the one with torch installed, whatever is on PATH. ``launcher_args`` are
+    torchrun's own flags (``--standalone``: one node, a free port). Raises RunFailed.
     """
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(SCRIPTS / script), *map(str, args)]
-    return run_and_check(command, script, timeout, echo)
+    command = [sys.executable, "-m", "torch.distributed.run", *map(str, launcher_args),
+               f"--nproc-per-node={nproc}", f"scripts/{script}", *map(str, args)]
+    return run_and_check(command, script, timeout, echo, env)
 
 
-def python(script, *args, timeout=600, echo=True):
+def python(script, *args, timeout=600, echo=True, env=None):
     """Run ``scripts/<script>`` as one plain Python process; return its output."""
-    return run_and_check([sys.executable, str(SCRIPTS / script), *map(str, args)], script, timeout, echo)
+    return run_and_check([sys.executable, f"scripts/{script}", *map(str, args)], script, timeout, echo, env)
 
 
-def run_and_check(command, script, timeout, echo):
-    env = {**os.environ, **FRESH_STORE_PER_ATTEMPT}  # torchrun restarts need a fresh store (core.distributed)
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    output = done.stdout + strip_launcher_banner(done.stderr)
-    if echo or done.returncode != 0:  # a failed run always shows why
+def run_and_check(command, script, timeout, echo, env=None):
+    """Run ``command`` in the repository, stdout and stderr in one stream, in the order written.
+
+    ``env``: the whole environment of the run (default: the kernel's). torchrun's restarts
+    need a fresh store per attempt (``core.distributed.FRESH_STORE_PER_ATTEMPT``).
+    """
+    env = {**(os.environ if env is None else env), **FRESH_STORE_PER_ATTEMPT}
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        partial = expired.output.decode(errors="replace") if isinstance(expired.output, bytes) else expired.output
+        raise RunFailed(script, f"ran past its {timeout} s limit and was stopped", partial or "") from None
+    output = strip_launcher_banner(done.stdout)
+    if echo:
         print(output.rstrip())
     if done.returncode != 0:
-        raise RuntimeError(f"{script} exited with status {done.returncode}")
+        raise RunFailed(script, f"exited with status {done.returncode}", output)
     return output
 
 
-def strip_launcher_banner(stderr):
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a rendezvous of one's own."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def child_stderr():
+    """Collect, as a list of lines, what child processes started in the block write to stderr.
+
+    A notebook's kernel shows its children's stderr in the cell, paths and process ids
+    included; this catches it at the file descriptor that the children inherit.
+    """
+    sys.stderr.flush()
+    lines = []
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
+
+
+def strip_launcher_banner(output):
     """Drop torchrun's OMP_NUM_THREADS banner: the scripts set threads themselves and say so."""
-    return "\n".join(line for line in stderr.splitlines()
-                     if "OMP_NUM_THREADS" not in line and not line.startswith("*****")) + ("\n" if stderr else "")
+    kept = [line for line in output.splitlines() if "OMP_NUM_THREADS" not in line and not line.startswith("*****")]
+    return "\n".join(kept).lstrip("\n") + ("\n" if kept else "")  # the banner starts with an empty line
 
 
 def show_diff(before, after):
@@ -65,10 +124,10 @@ def read_record(results_dir, run_name):
 
 
 def save_figure(fig, name):
-    """Save a matplotlib figure as ``figs/<name>`` and say where, relative to the repository.
+    """Save a matplotlib figure as ``results/figs/<name>`` and say where, relative to the repository.
 
     No "Software" stamp in the PNG, so a rerun with the same numbers writes the same file.
     """
-    FIGS.mkdir(exist_ok=True)
-    fig.savefig(FIGS / name, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    print(f"saved figs/{name}")
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURES / name, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    print(f"saved {(FIGURES / name).relative_to(REPO)}")

@@ -1,0 +1,230 @@
+"""The exercises of notebooks 00-04: each check passes the solution, fails a wrong answer, and
+says "not attempted yet" for the placeholder; and no stored notebook shows an answer.
+
+A solution lives in notebooks/solutions/ and reaches a notebook only when the participant
+uncomments its `%load` line, so these tests run every solution file the way the notebook
+would: in a namespace holding what the notebook defined before the exercise.
+"""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Subset
+
+from conftest import REPO, SCRIPTS
+from core import data, models
+from core.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
+
+NOTEBOOKS = REPO / "notebooks"
+SOLUTIONS = NOTEBOOKS / "solutions"
+
+
+@pytest.fixture(scope="module")
+def train_set():
+    return data.load_datasets("mnist5k", REPO / "data")[0]
+
+
+@pytest.fixture(scope="module")
+def ddp_buckets(tmp_path_factory):
+    """What DDP did with its buckets, from a real torchrun of the demo (notebook 04 shows the same)."""
+    record = tmp_path_factory.mktemp("ddp") / "demos.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(SCRIPTS / "ddp_demos.py"), "--demo", "buckets", "--device", "cpu", "--json", str(record)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(record.read_text())["buckets"]
+
+
+def uneven_shards_context(train_set):
+    """Notebook 02, exercise 3: a Net without dropout, 64 images and a gradient helper."""
+    torch.manual_seed(0)
+    net = models.Net(dropout=False)
+    images, labels = data.as_tensors(Subset(train_set, range(64)))
+
+    def gradient(images, labels):
+        net.zero_grad()
+        F.cross_entropy(net(images), labels).backward()
+        return torch.cat([p.grad.flatten() for p in net.parameters()])
+
+    return {"gradient": gradient, "images": images, "labels": labels}
+
+
+def prefixed_checkpoint(tmp_path):
+    """Notebook 04, exercise 1: a checkpoint saved the wrong way, from ddp_model.state_dict()."""
+    torch.manual_seed(1)
+    path = tmp_path / "prefixed.pt"
+    torch.save({f"module.{key}": value for key, value in models.Net(dropout=False).state_dict().items()}, path)
+    return path
+
+
+def context(exercise_id, request, tmp_path):
+    """What the notebook has defined when the participant reaches the exercise; the check's extra arguments."""
+    if exercise_id == "02.2":
+        return {"train_set": request.getfixturevalue("train_set")}, {}
+    if exercise_id == "02.3":
+        names = uneven_shards_context(request.getfixturevalue("train_set"))
+        return names, names
+    if exercise_id == "04.1":
+        path = prefixed_checkpoint(tmp_path)
+        return {"PREFIXED": path}, {"checkpoint": path}
+    if exercise_id == "04.2":
+        return {}, {"observed": request.getfixturevalue("ddp_buckets")}
+    return {}, {}
+
+
+def run_solution(exercise, names):
+    """Execute the solution file as the loaded cell would run; return the answers it defines."""
+    namespace = dict(names)
+    exec(compile((NOTEBOOKS / exercise.solution).read_text(), exercise.solution, "exec"), namespace)
+    return {name: namespace[name] for name in exercise.answers}
+
+
+def wrong_where(rank, gpus_per_node):
+    return rank // gpus_per_node, rank % gpus_per_node, f"cuda:{rank}"  # the bug the exercise is about
+
+
+def wrong_predict(world_size):
+    summed = [sum(range(1, world_size + 1)) * v for v in (1, 10, 100)]
+    gathered = [[10 * r, 10 * r + 1] for r in range(world_size)]
+    return {"all_reduce": [summed] * world_size, "all_reduce_mean": [summed] * world_size,  # forgot to divide
+            "all_gather": [gathered] * world_size}
+
+
+def wrong_shard(n, world_size, rank, seed, epoch):
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=generator).tolist()[rank::world_size]  # no padding
+
+
+def one_bucket(numels, caps_bytes):
+    return [sum(numels)]
+
+
+def wrong_answers(exercise_id, extra):
+    """A plausible mistake for every exercise: each must fail its check."""
+    model_bytes = sum(p.numel() * 4 for p in models.Net().parameters())
+    if exercise_id == "02.3":
+        first = extra["gradient"](extra["images"][:40], extra["labels"][:40])
+        second = extra["gradient"](extra["images"][40:], extra["labels"][40:])
+        plain = (first + second) / 2
+        return {"plain": plain, "weighted": plain}  # no weighting by shard size
+    return {
+        "00.1": {"where": wrong_where, "crash_with_global_rank": list(range(4, 12))},
+        "00.2": {"predict": wrong_predict},
+        "01.1": {"conv2_flops": (64 * 24 * 24) * (32 * 3 * 3), "fc1_flops": 9216 * 128},  # multiply-adds, not FLOPs
+        "01.2": {"repeated": {w: 10_000 % w for w in range(1, 9)}},
+        "02.1": {"shard": wrong_shard},
+        "02.2": {"overlap": 0, "never_seen": 0},  # what the same seed on every rank would give
+        "03.1": {"sizes_100_on_3": [33, 33, 34], "gpus_working_2_on_4": 4},
+        "03.2": {"per_step": model_bytes * 4, "per_epoch": model_bytes * 4 * 235},  # GPU 0 needs no copy
+        "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
+        "04.2": {"predict_buckets": one_bucket},
+        "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
+    }[exercise_id]
+
+
+def placeholder_function(*args):
+    ...
+
+
+IDS = sorted(EXERCISES)
+
+
+def test_every_notebook_00_to_04_has_exercises():
+    assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
+        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp"]
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_solution_passes_its_check(exercise_id, request, tmp_path, capsys):
+    exercise = EXERCISES[exercise_id]
+    names, extra = context(exercise_id, request, tmp_path)
+    answers = run_solution(exercise, names)
+    assert exercise.check(**answers, **extra) is True
+    assert f"Exercise {exercise.number}: correct." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_a_wrong_answer_fails_its_check(exercise_id, request, tmp_path):
+    exercise = EXERCISES[exercise_id]
+    _, extra = context(exercise_id, request, tmp_path)
+    with pytest.raises(AssertionError):
+        exercise.check(**wrong_answers(exercise_id, extra), **extra)
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_a_placeholder_is_not_attempted_and_does_not_fail(exercise_id, request, tmp_path, capsys):
+    exercise = EXERCISES[exercise_id]
+    _, extra = context(exercise_id, request, tmp_path)
+    answers = {name: ... for name in exercise.answers}
+    assert exercise.check(**answers, **extra) is False
+    assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in capsys.readouterr().out
+
+
+def test_placeholders_are_told_from_answers():
+    def written(rank):
+        return rank
+
+    assert is_placeholder(...) and is_placeholder(placeholder_function)
+    assert not any(is_placeholder(value) for value in (0, None, [], written, lambda: ...))
+
+
+# ---------------------------------------------------------------- what the stored notebooks show
+
+def cells(notebook):
+    return json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+
+
+def text_of(cell):
+    source = "".join(cell["source"])
+    outputs = "".join("".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
+                      for output in cell.get("outputs", []))
+    return source, outputs
+
+
+def placeholder_pattern(name):
+    """`name = ...` or a `def name(...):` whose body is `...`."""
+    return re.compile(rf"^(?:{name} = \.\.\.|def {name}\(.*\):\n\s+\.\.\.)", re.M)
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_notebook_holds_placeholder_load_line_and_check(exercise_id):
+    exercise = EXERCISES[exercise_id]
+    notebook = cells(exercise.notebook)
+    sources = ["".join(cell["source"]) for cell in notebook]
+    at = [i for i, source in enumerate(sources) if exercise.load_line in source.splitlines()]
+    assert len(at) == 1, f"{exercise.notebook}: expected one cell with the line {exercise.load_line!r}"
+    answer, load, check = notebook[at[0] - 1], notebook[at[0]], notebook[at[0] + 1]
+    for name in exercise.answers:
+        assert placeholder_pattern(name).search("".join(answer["source"])), f"no placeholder for {name} above"
+    assert not load["outputs"], "the load cell must stay empty until the participant runs it"
+    check_source, check_output = text_of(check)
+    assert f"exercises.{exercise.check.__name__}(" in check_source
+    assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in check_output, "stored with the answer filled in?"
+    assert (NOTEBOOKS / exercise.solution).is_file()
+
+
+def solution_lines():
+    """Every line of code in the solution files (no comments, no imports, no blank lines)."""
+    lines = set()
+    for path in SOLUTIONS.glob("*.py"):
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if len(line) > 12 and not line.startswith(("import ", "from ", "def ", "return ")):
+                lines.add(line)
+    return lines
+
+
+@pytest.mark.parametrize("notebook", sorted({exercise.notebook for exercise in EXERCISES.values()}))
+def test_no_answer_is_on_screen(notebook):
+    answers = solution_lines()
+    for number, cell in enumerate(cells(notebook)):
+        source, outputs = text_of(cell)
+        assert "solution" not in cell["metadata"].get("tags", []), f"cell {number} is tagged as a solution"
+        shown = {line.split("#")[0].strip() for line in source.splitlines()}
+        assert not shown & answers, f"cell {number} of {notebook} holds a solution line: {shown & answers}"
+        assert not re.search(r"Exercise \d+: correct\.", outputs), f"cell {number} of {notebook} shows a solved check"

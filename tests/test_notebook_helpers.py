@@ -1,0 +1,74 @@
+"""scripts/core/notebook.py: what a notebook cell gets when a run it starts fails, and where
+its figures go."""
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+from core import notebook  # noqa: E402
+
+
+def test_a_failed_run_carries_the_tail_of_its_output_stderr_included():
+    script = "import sys\nfor i in range(100): print(f'line {i}')\nprint('the cause', file=sys.stderr)\nsys.exit(3)"
+    with pytest.raises(notebook.RunFailed) as failure:
+        notebook.run_and_check([sys.executable, "-c", script], "demo.py", timeout=60, echo=False)
+    message = str(failure.value)
+    assert message.startswith("demo.py exited with status 3; the last lines of its output (stderr included):")
+    assert message.endswith("line 99\nthe cause")  # in the order written, stderr included
+    assert "line 59" not in message  # only the tail: a notebook cell stays readable
+    assert failure.value.status.endswith("3") and "line 0\n" in failure.value.output
+
+
+def test_a_run_past_its_time_limit_says_so_with_what_it_printed():
+    script = "import time\nprint('started', flush=True)\ntime.sleep(60)"
+    with pytest.raises(notebook.RunFailed) as failure:
+        notebook.run_and_check([sys.executable, "-c", script], "slow.py", timeout=3, echo=False)
+    assert "slow.py ran past its 3 s limit" in str(failure.value) and "started" in str(failure.value)
+
+
+def test_torchruns_banner_is_dropped():
+    banner = "\n*****\nSetting OMP_NUM_THREADS environment variable for each process to be 1\n*****\nreal output\n"
+    assert notebook.strip_launcher_banner(banner) == "real output\n"
+
+
+def test_child_stderr_catches_what_child_processes_write():
+    with notebook.child_stderr() as lines:
+        subprocess.run([sys.executable, "-c", "import sys; print('from the child', file=sys.stderr)"], timeout=60)
+    assert lines == ["from the child"]
+
+
+def test_figures_go_where_git_does_not_look(tmp_path, monkeypatch, capsys):
+    assert notebook.FIGURES == REPO / "results" / "figs"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "results/figs/any.png"], cwd=REPO)
+    assert ignored.returncode == 0, "results/figs/ must be git-ignored"
+    monkeypatch.setattr(notebook, "FIGURES", tmp_path / "figs")
+    monkeypatch.setattr(notebook, "REPO", tmp_path)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    notebook.save_figure(fig, "line.png")
+    assert (tmp_path / "figs" / "line.png").read_bytes().startswith(b"\x89PNG")
+    assert capsys.readouterr().out == "saved figs/line.png\n"
+
+
+def test_notebooks_draw_only_through_save_figure():
+    for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
+        text = path.read_text()
+        assert ".savefig(" not in text, f"{path.name} saves a figure itself; use core.notebook.save_figure"
+
+
+def test_every_reference_figure_has_a_notebook_that_draws_it():
+    sys.path.insert(0, str(REPO / "notebooks"))
+    try:
+        import reference_figures
+    finally:
+        sys.path.pop(0)
+    drawn = reference_figures.drawn_by()
+    committed = {path.name for path in (REPO / "figs").glob("*.png")}
+    assert committed <= set(drawn), f"figures in figs/ that no notebook draws: {sorted(committed - set(drawn))}"
+    readme = (REPO / "figs" / "README.md").read_text()
+    assert all(f"[{name}]({name})" in readme for name in committed)

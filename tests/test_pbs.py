@@ -1,0 +1,413 @@
+"""Every PBS job in job_scripts/, submitted with qsub to a real OpenPBS with two hosts.
+
+.ci/start_pbs.sh builds OpenPBS and starts it here: a server, a scheduler and a MoM on
+host "pbshead", a second MoM on host "pbsnode2" (two network namespaces sharing one file
+system, as cluster nodes share /home), a job user "pbsuser" (PBS runs no job as root),
+and a Python environment that user can read. The tests work as that user would: a copy
+of the course in the user's home, its .venv linked to that environment (site.sh's
+first route), and every job submitted from there with `qsub -W block=true`, which
+waits for the job and returns its exit status. What these 2-CPU hosts cannot give is
+overridden on the qsub line (-l select=...), as a user at another site would, never by
+editing a job. All submissions go in at once; PBS runs them as hosts come free.
+
+Skipped, with the reason, where OpenPBS is not installed; failed where it is installed
+but does not answer.
+
+ADDING A JOB. Every job_scripts/*.pbs needs an entry in JOBS below, or
+test_every_pbs_job_has_an_entry fails. An entry is a Submission:
+  resources  what to ask qsub for instead of the job's #PBS lines: these hosts have 2
+             CPUs each (ncpus=1 for one process, ncpus=2 for two) and 24 GB
+  variables  qsub -v variables: COURSE_ARGS for a short run (short_run("<name>") trains
+             3 steps and writes results/<name>.json), COURSE_LAUNCH_ARGS, site.sh settings
+  record     fields the job's JSON record must hold (None: the job writes none)
+  log_has    text the job's output must contain
+  check      optionally, a function(log, record) with more asserts
+Then `sudo bash .ci/start_pbs.sh; .venv/bin/python -m pytest tests/test_pbs.py`.
+"""
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from cluster_helpers import (
+    JOB_SCRIPTS, REPO, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
+)
+
+SETUP, NO_PBS = pbs_setup()
+pytestmark = pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")
+
+HEAD, NODE2 = (SETUP or {}).get("PBS_HOSTS", "pbshead pbsnode2").split()
+ONE_HOST = ("select=1:ncpus=2:mem=4gb", "walltime=00:10:00")
+ONE_CPU = ("select=1:ncpus=1:mem=4gb", "walltime=00:10:00")
+TWO_HOSTS = ("select=2:ncpus=2:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
+TWO_HOSTS_ONE_CPU = ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
+JOB_SECONDS = 600  # every submission together, at most
+
+
+def short_run(name, extra=""):
+    """COURSE_ARGS for a short training run whose record is results/<name>.json."""
+    return f"--epochs 1 --max-steps 3 --run-name {name} {extra}".strip()
+
+
+@dataclass(frozen=True)
+class Submission:
+    job: str  # the file in job_scripts/
+    resources: tuple  # qsub -l, for these hosts
+    variables: dict = field(default_factory=dict)  # qsub -v
+    record: dict | None = None  # fields results/<run name>.json must hold; None: no record
+    log_has: tuple = ()  # text, or a compiled regular expression to search for
+    exit_status: int = 0
+    check: Callable | None = None  # check(log, record): anything more
+
+    @property
+    def run_name(self):
+        """The --run-name in COURSE_ARGS: the record is results/<run name>.json."""
+        words = self.variables.get("COURSE_ARGS", "").split()
+        return words[words.index("--run-name") + 1] if "--run-name" in words else None
+
+
+def preflight(ranks, layout):
+    return f"pre-flight all_reduce ok: {ranks} rank(s) on {len(layout)} node(s): " + ", ".join(
+        f"{host} [{ranks_on_host}]" for host, ranks_on_host in layout)
+
+
+# One entry per job file: what it takes to run here and what it must show.
+JOBS = {
+    "01_baseline.pbs": Submission(
+        "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("01_baseline")},
+        record={"script": "train_single", "world_size": 1, "device": "cpu"},
+    ),
+    "02_allreduce.pbs": Submission(
+        "02_allreduce.pbs", ONE_HOST, {"COURSE_ARGS": short_run("02_allreduce")},
+        record={"script": "train_allreduce", "world_size": 2},
+        log_has=("processes   2 per node", "NCPUS=2", "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)"),
+    ),
+    "03_data_parallel.pbs": Submission(
+        "03_data_parallel.pbs", ONE_CPU, {"COURSE_ARGS": short_run("03_data_parallel")},
+        record={"script": "train_dp", "world_size": 1},
+    ),
+    # Four processes on one host: the same run as the 2-node job's (compared below).
+    "04_ddp.pbs": Submission(
+        "04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("04_ddp"), "COURSE_LAUNCH_ARGS": "--nproc-per-node 4"},
+        record={"script": "train_ddp", "world_size": 4},
+        log_has=("pre-flight all_reduce ok: 4 rank(s) on 1 node(s)",),
+    ),
+    "04_ddp_2nodes.pbs": Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS, {"COURSE_ARGS": short_run("04_ddp_2nodes")},
+        record={"script": "train_ddp", "world_size": 4},
+        log_has=(
+            f"== pbsdsh: node_launch.sh on 2 node(s): {HEAD} {NODE2}",
+            f"this node   0 of 2", f"this node   1 of 2", "PBS_NODENUM=1 agrees",
+            preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")]),
+            f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0",
+        ),
+    ),
+}
+
+MODULES = "course-modules"  # a folder in the course copy with the module files the tests write
+
+
+def same_python_on_every_node(python):
+    """A check: the job shell and both nodes' tasks ran PYTHON."""
+    def check(log, record):
+        assert f"== python: {python} " in log
+        assert f"== node 0: {HEAD}, python {python}" in log and f"== node 1: {NODE2}, python {python}" in log
+    return check
+
+
+# Not job files: the same jobs, other ways. Each has a name of its own.
+VARIANTS = {
+    # site.sh's module route: a module (Lmod, written by the test) puts the Python on PATH.
+    "modules": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("modules"), "COURSE_MODULES": "course-python/1.0",
+         "COURSE_MODULE_PATH": f"{copy}/{MODULES}", "COURSE_VENV": "", "COURSE_CONDA_ENV": ""},
+        record={"script": "train_ddp", "world_size": 2},
+        log_has=("== modules: course-python/1.0", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
+        check=same_python_on_every_node(f"{venv}/bin/python"),
+    ),
+    # site.sh's conda route: a module provides conda (a stand-in), which activates ddp-course.
+    "conda": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("conda"), "COURSE_MODULES": "conda/test", "COURSE_MODULE_PATH": f"{copy}/{MODULES}",
+         "COURSE_VENV": "", "COURSE_CONDA_ENV": "ddp-course"},
+        record={"script": "train_ddp", "world_size": 2},
+        log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]),),
+        check=same_python_on_every_node(f"{copy}/conda/envs/ddp-course/bin/python"),
+    ),
+    # A training that fails fails the job, and a failure on the nodes fails the 2-node job.
+    "fails": lambda venv, copy: Submission(
+        "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("fails", "--epochs 0")},
+        exit_status=2, log_has=("train_single.py: error: argument --epochs: must be at least 1, got 0", "== exit status 2"),
+    ),
+    "fails_on_the_nodes": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("fails_on_the_nodes", "--epochs 0"), "COURSE_LAUNCH_ARGS": "--max-restarts 0"},
+        exit_status=1, log_has=("== node 0 (", "== node 1 (", "training failed on at least one node"),
+    ),
+    # A worker killed mid-run: torchrun restarts the group on both hosts, and it resumes.
+    "worker_killed": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("worker_killed", "--checkpoint-every 1 --fault kill --fault-rank 1 --fault-step 2")},
+        record={"script": "train_ddp", "world_size": 2, "resumed_at_step": 2},
+        log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
+                 re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: epoch 1, 2 of \d+ batches done"),
+                 "== node 0 (", "== node 1 (", "exit status 0"),
+    ),
+    # Two chunks packed on one host: refused before pbsdsh starts two launchers there.
+    "packed": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
+        {"COURSE_ARGS": short_run("packed")},
+        exit_status=1, log_has=(re.compile(r"job: error: PBS_NODEFILE lists a host more than once \((\S+) \1\), so pbsdsh "
+                                           r"would start two launchers on it; ask for one chunk per host"),),
+    ),
+}
+
+
+# ---------------------------------------------------------------- the PBS, the course copy, the jobs
+
+@pytest.fixture(scope="module")
+def pbs():
+    answer = pbs_as_root(SETUP, "qstat", "-B")
+    if answer.returncode != 0:
+        pytest.fail(f"OpenPBS is installed but its server does not answer ({answer.stderr.strip()}); "
+                    "start it: sudo bash .ci/start_pbs.sh")
+    nodes = pbs_as_root(SETUP, "pbsnodes", "-a").stdout
+    states = dict(re.findall(r"^(\S+)\n\s+Mom = .*?\n(?:.*\n)*?\s+state = (\S+)", nodes, re.M))
+    if set(states) != {HEAD, NODE2} or any(state not in ("free", "job-busy") for state in states.values()):
+        pytest.fail(f"the PBS nodes are not both up: {states}; see sudo bash .ci/start_pbs.sh status")
+    return SETUP
+
+
+def write_module(folder, name, lua):
+    path = folder / f"{name}.lua"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(lua)
+
+
+@pytest.fixture(scope="module")
+def course(pbs):
+    """The course in the job user's home, with .venv, module files and a conda stand-in; removed after."""
+    user, venv = pbs["PBS_JOB_USER"], pbs["PBS_JOB_VENV"]
+    copy = Path(pbs["PBS_JOB_HOME"]) / f"course-test-{time.strftime('%H%M%S')}"
+    copy.mkdir()
+    (copy / ".venv").symlink_to(venv)
+    # Site modules, as a site's module tree would hold them.
+    write_module(copy / MODULES, "course-python/1.0",
+                 f'whatis("Python with torch, for the course")\nprepend_path("PATH", "{venv}/bin")\n')
+    write_module(copy / MODULES, "conda/test", f'whatis("conda")\nprepend_path("PATH", "{copy}/conda/bin")\n')
+    # A conda installation: the stand-in command and one environment, the job environment.
+    (copy / "conda" / "bin").mkdir(parents=True)
+    (copy / "conda" / "envs").mkdir()
+    shutil.copy2(STAND_INS / "conda", copy / "conda" / "bin" / "conda")
+    (copy / "conda" / "envs" / "ddp-course").symlink_to(venv)
+    (copy / "logs").mkdir()
+    copy_course_for(user, copy)
+    yield copy
+    shutil.rmtree(copy)
+
+
+def qsub_line(copy, name, submission, block=True, hold=False):
+    words = ["qsub"] + (["-W", "block=true"] if block else []) + (["-h"] if hold else [])
+    for resource in submission.resources:
+        words += ["-l", resource]
+    if submission.variables:
+        words += ["-v", ",".join(f"{key}={value}" for key, value in submission.variables.items())]
+    words += ["-o", f"{copy}/logs/{name}.log", f"job_scripts/{submission.job}"]
+    return f"cd {shlex.quote(str(copy))} && {shlex.join(words)}"
+
+
+@pytest.fixture(scope="module")
+def finished(pbs, course):
+    """Submit every entry of JOBS and VARIANTS at once, each with qsub -W block=true; wait for all."""
+    venv = pbs["PBS_JOB_VENV"]
+    submissions = {name: submission for name, submission in JOBS.items() if (JOB_SCRIPTS / name).exists()}
+    submissions |= {name: make(venv, course) for name, make in VARIANTS.items()}
+    running = {
+        name: subprocess.Popen([pbs["PBS_USER_COMMAND"], qsub_line(course, name, submission)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, submission in submissions.items()
+    }
+    deadline = time.monotonic() + JOB_SECONDS
+    results = {}
+    for name, process in running.items():
+        try:
+            output, _ = process.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output = process.communicate()[0] + f"\n(no answer from qsub -W block=true after {JOB_SECONDS} s)"
+            job_id = output.split()[0] if output.strip() else ""
+            if job_id:
+                pbs_as_root(pbs, "qdel", "-W", "force", job_id)
+        log = wait_for_file(course / "logs" / f"{name}.log") or "(no job output file)"
+        record_path = course / "results" / f"{submissions[name].run_name}.json"
+        results[name] = (process.returncode, output, log, read_record(record_path) if record_path.exists() else None)
+    return submissions, results
+
+
+def check_submission(finished, name):
+    submissions, results = finished
+    submission = submissions[name]
+    status, qsub_output, log, record = results[name]
+    context = f"qsub: {qsub_output}\n--- job output:\n{log}"
+    assert status == submission.exit_status, context
+    for text in submission.log_has:
+        found = text.search(log) if isinstance(text, re.Pattern) else text in log
+        assert found, f"missing {text!r}\n{context}"
+    if submission.record is not None:
+        assert record is not None, f"no JSON record\n{context}"
+        assert {key: record.get(key) for key in submission.record} == submission.record, context
+        assert record["dataset"] == "mnist5k" and len(record["per_epoch"]) == 1
+    if submission.check:
+        submission.check(log, record)
+    return log, record
+
+
+# ---------------------------------------------------------------- the checks
+
+def test_every_pbs_job_has_an_entry():
+    missing = sorted({path.name for path in JOB_SCRIPTS.glob("*.pbs")} - set(JOBS))
+    assert not missing, f"add an entry to JOBS in tests/test_pbs.py for: {missing} (the module docstring says how)"
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_job_runs_on_real_pbs(finished, course, name):
+    if not (JOB_SCRIPTS / name).exists():
+        pytest.skip(f"job_scripts/{name} is gone; remove its entry from JOBS")
+    log, record = check_submission(finished, name)
+    assert "== job " in log and "== torch " in log and "== python: " in log
+    if record is not None:  # a training job: --resume into a checkpoint folder of its own
+        folder = re.search(r"^== checkpoints: (checkpoints/\S+-\d+\.\S+) ", log, re.M)
+        assert folder and f"no checkpoint in {folder[1]} yet: starting fresh" in log, log
+        assert list((course / folder[1]).glob("checkpoint-*.pt")), f"no checkpoint in {folder[1]}"
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_job_variant_on_real_pbs(finished, name):
+    check_submission(finished, name)
+
+
+def test_two_hosts_train_like_one_host_with_as_many_processes(finished):
+    _, results = finished
+    two, one = results["04_ddp_2nodes.pbs"][3], results["04_ddp.pbs"][3]
+    assert two and one, "both runs must have written a record"
+    assert two["world_size"] == one["world_size"] == 4 and two["global_batch_size"] == one["global_batch_size"]
+    # The same ranks see the same shards with the same seeds; only where they run differs.
+    assert two["final_test_loss"] == pytest.approx(one["final_test_loss"], rel=1e-4)
+    assert two["per_epoch"][0]["train_loss"] == pytest.approx(one["per_epoch"][0]["train_loss"], rel=1e-4)
+
+
+def test_the_two_node_job_cleans_up_its_job_folder(finished, course):
+    assert not list(course.glob(".pbs_job.*"))
+
+
+@pytest.mark.parametrize("job", sorted(path.name for path in JOB_SCRIPTS.glob("*.pbs")))
+def test_qsub_takes_the_job_unedited(pbs, course, job):
+    """A vanilla PBS takes every job as it is: held (-h), so it never runs, then deleted."""
+    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && qsub -h job_scripts/{job}")
+    assert answer.returncode == 0, answer.stderr
+    pbs_as_root(pbs, "qdel", answer.stdout.strip())
+
+
+def test_this_pbs_is_vanilla_so_the_check_above_can_fail(pbs, course):
+    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && qsub -h -l select=1:ncpus=1:ngpus=1 job_scripts/01_baseline.pbs")
+    assert answer.returncode != 0 and "Unknown resource: ngpus" in answer.stderr
+
+
+# ---------------------------------------------------------------- launch.py under the real pbsdsh
+
+PROBE = """#!/bin/bash
+#PBS -N probe
+#PBS -j oe
+# Each pbsdsh task runs the launcher's dry run, as node_launch.sh would run it.
+cd "$PBS_O_WORKDIR"
+cp "$PBS_NODEFILE" "logs/nodefile.$PBS_JOBID"
+pbsdsh -- /bin/bash -c "cd $PWD && PBS_NODEFILE=$PWD/logs/nodefile.$PBS_JOBID .venv/bin/python scripts/launch.py --dry-run scripts/train_ddp.py"
+"""
+
+
+@pytest.fixture(scope="module")
+def launcher_under_pbsdsh(pbs, course):
+    """The launcher's dry run in every pbsdsh task of a 2-host job and of a job packed on one host."""
+    (course / "logs" / "probe.pbs").write_text(PROBE)
+    subprocess.run(["chown", f"{pbs['PBS_JOB_USER']}:", str(course / "logs" / "probe.pbs")], check=True)
+    logs = {}
+    for place in ("scatter", "pack"):
+        line = (f"cd {shlex.quote(str(course))} && qsub -W block=true -l select=2:ncpus=1:mpiprocs=1 "
+                f"-l place={place} -o logs/probe-{place}.log logs/probe.pbs")
+        pbs_as_user(pbs, line, timeout=300)
+        logs[place] = wait_for_file(course / "logs" / f"probe-{place}.log") or ""
+    return logs
+
+
+def test_launcher_under_pbsdsh_takes_each_hosts_place(launcher_under_pbsdsh):
+    log = launcher_under_pbsdsh["scatter"]
+    assert re.search(rf"this node +0 of 2 +{HEAD}'s place in PBS_NODEFILE; PBS_NODENUM=0 agrees", log), log
+    assert re.search(rf"this node +1 of 2 +{NODE2}'s place in PBS_NODEFILE; PBS_NODENUM=1 agrees", log), log
+    assert log.count("--rdzv-conf=is_host=1") == 1 and log.count("--rdzv-conf=is_host=0") == 1, log
+
+
+def test_launcher_under_pbsdsh_refuses_two_tasks_on_one_host(launcher_under_pbsdsh):
+    log = launcher_under_pbsdsh["pack"]
+    errors = re.findall(r"launch.py: error: PBS_NODEFILE lists (\S+) 2 times, so pbsdsh starts 2 launchers there", log)
+    assert len(errors) == 2 and errors[0] in (HEAD, NODE2), log  # both tasks, each with one line
+    assert "torch.distributed.run" not in log
+
+
+# ---------------------------------------------------------------- an interactive session
+
+def test_interactive_session_with_qsub_i(pbs, course):
+    """qsub -I wants a terminal: `script` gives it one, and the commands go in on standard input."""
+    commands = "\n".join([
+        'cd "$PBS_O_WORKDIR"',
+        "source .venv/bin/activate",
+        "python scripts/launch.py --dry-run scripts/train_ddp.py",
+        f"python scripts/train_single.py {short_run('interactive')}",
+        'echo "training exit status $?"',
+        "exit",
+    ]) + "\n"
+    qsub = "qsub -I -l select=1:ncpus=1:mem=4gb -l walltime=00:10:00"
+    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && script -qec {shlex.quote(qsub)} /dev/null",
+                         stdin=commands, timeout=300)
+    output = answer.stdout.replace("\r", "")
+    assert answer.returncode == 0, output + answer.stderr
+    assert re.search(r"qsub: job \d+\.\S+ ready", output), output
+    assert re.search(r"launch.py: PBS job \d+\.\S+\n  hosts +" + HEAD, output), output
+    assert "training exit status 0" in output and re.search(r"qsub: job \d+\.\S+ completed", output), output
+    assert read_record(course / "results" / "interactive.json")["script"] == "train_single"
+
+
+# ---------------------------------------------------------------- a job run again: qrerun
+
+def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
+    """qrerun kills a running job and queues it again under the same id: it resumes."""
+    # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
+    run = short_run("rerun", "--max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600")
+    submission = Submission("04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": run})
+    line = qsub_line(course, "rerun", submission).replace("qsub ", "qsub -N rerun_test ", 1)
+    waiting = subprocess.Popen([pbs["PBS_USER_COMMAND"], line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):
+            written = list((course / "checkpoints").glob("rerun_test-*/checkpoint-00000002.pt"))
+            if written or waiting.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert written, f"no checkpoint after step 2 within 4 minutes: {waiting.poll()}"
+        job_id = written[0].parent.name.removeprefix("rerun_test-")
+        rerun = pbs_as_root(pbs, "qrerun", job_id)
+        assert rerun.returncode == 0, rerun.stderr
+        output, _ = waiting.communicate(timeout=300)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    log = wait_for_file(course / "logs" / "rerun.log") or ""
+    assert waiting.returncode == 0, output + log
+    assert f"resumed from checkpoints/rerun_test-{job_id}/checkpoint-00000002.pt: epoch 1, 2 of" in log, log
+    record = read_record(course / "results" / "rerun.json")
+    assert record["resumed_at_step"] == 2 and record["world_size"] == 2

@@ -1,0 +1,69 @@
+"""What the stored notebooks hold: their outputs, and nothing that changes from run to run
+or machine to machine that the sanitizer does not mask.
+
+- no per-run metadata: nbclient stores `execution` timestamps in every cell unless told not
+  to (`make notebooks` tells it: record_timing=False), and each run would change every cell;
+- the kernel they ask for is the course's (`make kernel` registers it), in every notebook;
+- no output shows a path of the machine that ran it.
+"""
+import json
+import re
+
+import pytest
+
+from conftest import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
+PER_RUN_KEYS = ("execution", "ExecuteTime")  # nbclient's timestamps; the older nbextension's
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def outputs_text(cell):
+    text = []
+    for output in cell.get("outputs", []):
+        text.append("".join(output.get("text", "")))
+        for kind, value in output.get("data", {}).items():
+            if kind.startswith("text/"):
+                text.append("".join(value))
+        text.append("\n".join(output.get("traceback", [])))
+    return "\n".join(text)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_no_cell_stores_per_run_metadata(path):
+    stored = [(number, key) for number, cell in enumerate(load(path)["cells"])
+              for key in PER_RUN_KEYS if key in cell.get("metadata", {})]
+    assert not stored, f"{path.name} stores run timestamps in cells {stored}; re-execute it with `make notebooks`"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_the_kernel_is_the_courses(path):
+    spec = load(path)["metadata"].get("kernelspec", {})
+    assert (spec.get("name"), spec.get("display_name")) == ("ddp-course", "Python (ddp-course)"), (
+        f"{path.name} asks for the kernel {spec.get('name')!r}; set its metadata.kernelspec to the course's "
+        "(name ddp-course, display_name 'Python (ddp-course)'), which `make kernel` registers")
+
+
+MACHINE_PATHS = re.compile(r"(/home/|/root/|/Users/|/work/|C:\\\\Users)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_no_output_shows_a_path_of_this_machine(path):
+    for number, cell in enumerate(load(path)["cells"]):
+        text = outputs_text(cell)
+        assert str(REPO) not in text and not MACHINE_PATHS.search(text), (
+            f"cell {number} of {path.name} shows a machine path: {MACHINE_PATHS.search(text) or str(REPO)}")
+
+
+def test_nbval_reads_every_rule_of_the_sanitizer():
+    from nbval.plugin import get_sanitize_patterns
+
+    rules = (REPO / "notebooks" / "sanitize.cfg").read_text()
+    pairs = get_sanitize_patterns(rules)
+    # A rule nbval cannot read is silently left out, e.g. an empty replacement whose "replace: " lost its
+    # trailing space to an editor.
+    assert len(pairs) == len(re.findall(r"^regex:", rules, re.M)) > 0
+    assert all(re.compile(regex) for regex, _ in pairs)
