@@ -98,32 +98,36 @@ def test_validation_over_two_ranks_is_the_whole_val_split_exactly(runs, files):
         assert last["test_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
 
 
-def ddp_reduced_bytes(rank, world_size, mode):
-    """Bytes DDP hands to its all-reduces in one backward pass, counted by a communication hook."""
+def ddp_reduced_bytes(rank, world_size):
+    """For --finetune head and all: (bytes DDP hands to its all-reduces in one backward pass,
+    counted by a communication hook; bytes of gradient of what trains)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.manual_seed(0)
-    model = models.resnet18(num_classes=2)
-    finetune.freeze(model, mode)
-    model = DDP(model)
-    reduced = []
+    counts = {}
+    for mode in ("head", "all"):
+        torch.manual_seed(0)
+        model = models.resnet18(num_classes=2)
+        finetune.freeze(model, mode)
+        model = DDP(model)
+        reduced = []
 
-    def counting_allreduce(state, bucket):
-        reduced.append(bucket.buffer().numel() * bucket.buffer().element_size())
-        tensor = bucket.buffer().div_(world_size)
-        return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda future: future.value()[0])
+        def counting_allreduce(state, bucket):
+            reduced.append(bucket.buffer().numel() * bucket.buffer().element_size())
+            tensor = bucket.buffer().div_(world_size)
+            return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
 
-    model.register_comm_hook(None, counting_allreduce)
-    model(torch.randn(2, 3, 64, 64)).sum().backward()
-    return sum(reduced), finetune.gradient_bytes(model)
+        model.register_comm_hook(None, counting_allreduce)
+        model(torch.randn(2, 3, 64, 64)).sum().backward()
+        counts[mode] = (sum(reduced), finetune.gradient_bytes(model))
+    return counts
 
 
-@pytest.mark.parametrize("mode", ["head", "all"])
-def test_ddp_all_reduces_exactly_the_gradients_of_what_trains(mode):
-    for reduced, counted in run_in_group(ddp_reduced_bytes, mode):
-        assert reduced == counted
-    if mode == "head":
-        assert counted == 4 * (512 * 2 + 2)
+def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
+    for counts in run_in_group(ddp_reduced_bytes):
+        for reduced, counted in counts.values():
+            assert reduced == counted
+        assert counts["head"][1] == 4 * (512 * 2 + 2)  # fc: 2 x 512 weights and 2 biases, float32
+        assert counts["all"][1] == 4 * sum(p.numel() for p in models.resnet18(num_classes=2).parameters())
 
 
 # ---------------------------------------------------------------- one-line errors

@@ -126,8 +126,15 @@ def evaluate(model, test_set, runtime, batch_size):
     sample counts are then summed over ranks, so every test sample counts once.
     The plain model is used, not the DDP wrapper: a wrapped forward may sync
     buffers, and ranks whose shards differ by one batch would then wait forever.
+    Buffers (BatchNorm's running statistics) are first made rank 0's on every rank: each
+    rank updated its own from its own batches since DDP last copied rank 0's, and rank 0's
+    are the ones saved, so the scores are the saved model's. Training is unaffected
+    (BatchNorm trains on each batch's own statistics, and DDP copies rank 0's anyway).
     """
     model = unwrap(model)
+    if runtime.distributed and dist.get_world_size() > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
