@@ -46,5 +46,5 @@ course_jupyter() {
 == or cancel the job. The notebooks' torchrun cells run on this node, with this job's GPUs.
 TEXT
     course_run jupyter lab --no-browser --ip="$node" --port="$port" --ServerApp.port_retries=0 \
-        --ServerApp.root_dir="$PWD" "${as_root[@]}"
+        --ServerApp.root_dir="$PWD" --ServerApp.shutdown_no_activity_timeout="${COURSE_JUPYTER_IDLE_SECONDS:-0}" "${as_root[@]}"
 }

@@ -27,6 +27,11 @@
 : "${COURSE_VENV=.venv}"
 : "${COURSE_CONDA_ENV=ddp-course}"
 
+# The JupyterLab jobs (jupyter.pbs, jupyter.sbatch): stop the server, ending the job and
+# freeing its GPUs, after this many seconds with no kernel running and no one using it
+# (0: run until the walltime). Jupyter checks once a minute.
+: "${COURSE_JUPYTER_IDLE_SECONDS=0}"
+
 # Networking that some sites need for multi-node runs. Uncomment and adapt.
 # export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL uses between nodes (`ip addr` lists them)
 # export GLOO_SOCKET_IFNAME=ib0   # the same for gloo, the CPU backend

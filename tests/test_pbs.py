@@ -108,6 +108,13 @@ JOBS = {
             f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0",
         ),
     ),
+    # JupyterLab on the job's host, told to stop when idle (Jupyter looks once a minute): the
+    # server really started there, named its tunnel, and ended the job by itself.
+    "jupyter.pbs": Submission(
+        "jupyter.pbs", ONE_CPU, {"COURSE_JUPYTER_IDLE_SECONDS": "5"},
+        log_has=(re.compile(rf"== JupyterLab on ({HEAD}|{NODE2}), port \d+, serving "),
+                 re.compile(rf"ssh -N -L (\d+):({HEAD}|{NODE2}):\1 pbsuser@"), "No kernels for"),
+    ),
 }
 
 MODULES = "course-modules"  # a folder in the course copy with the module files the tests write
