@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Start one torchrun on this node, with arguments read from the batch scheduler.
 
-    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--max-restarts K] [--port P] SCRIPT [ARGS...]
+    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--gpus-per-process K] [--max-restarts K]
+                             [--port P] SCRIPT [ARGS...]
 
 Run it once per node of a job (PBS: `pbsdsh` in job_scripts/04_ddp_2nodes.pbs;
 Slurm: `srun --ntasks-per-node=1` in job_scripts/*.sbatch). It derives what torchrun
@@ -18,6 +19,8 @@ needs from what the scheduler granted the job:
                   exec_vnode in `qstat -f`). Never all the GPUs the node has: other jobs
                   may be using some. A job that was granted none, on a node with none:
                   one process per CPU granted (NCPUS, SLURM_CPUS_ON_NODE), at most 4.
+                  --gpus-per-process K (a model that spans K GPUs per process, as in
+                  train_ddp_model_parallel.py): one process per K GPUs granted.
   rendezvous      c10d on the first host, at a port computed from the job id (every node
                   computes the same one; two jobs sharing a node get different ones);
                   rdzv-id = the job id; the first host is told to host the store.
