@@ -1,4 +1,4 @@
-"""The exercises of notebooks 00-04: each check passes the solution, fails a wrong answer, and
+"""The exercises of notebooks 00-05: each check passes the solution, fails a wrong answer, and
 says "not attempted yet" for the placeholder; and no stored notebook shows an answer.
 
 A solution lives in notebooks/solutions/ and reaches a notebook only when the participant
@@ -124,6 +124,7 @@ def wrong_answers(exercise_id, extra):
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
+        "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
     }[exercise_id]
 
 
@@ -134,9 +135,10 @@ def placeholder_function(*args):
 IDS = sorted(EXERCISES)
 
 
-def test_every_notebook_00_to_04_has_exercises():
+def test_every_notebook_00_to_05_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
-        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp"]
+        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
+        "05_checkpoints_and_faults"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)

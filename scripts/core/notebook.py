@@ -6,7 +6,8 @@
 - ``show_diff``: print the diff between two scripts, which is the lesson of a step;
 - ``read_record``: load the JSON record a run wrote;
 - ``save_figure``: save a figure under ``results/figs/``, which git ignores;
-- ``child_stderr``: collect what child processes write to stderr, instead of showing it.
+- ``child_stderr``: collect what child processes write to stderr, instead of showing it;
+- ``script_lines``: the lines a course script printed, without torchrun's own log lines.
 
 A run that fails raises ``RunFailed``, whose message ends with the last lines of the
 run's output, stderr included: a failed cell says why, also in a test report.
@@ -15,6 +16,7 @@ import contextlib
 import difflib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -110,6 +112,38 @@ def strip_launcher_banner(output):
     """Drop torchrun's OMP_NUM_THREADS banner: the scripts set threads themselves and say so."""
     kept = [line for line in output.splitlines() if "OMP_NUM_THREADS" not in line and not line.startswith("*****")]
     return "\n".join(kept).lstrip("\n") + ("\n" if kept else "")  # the banner starts with an empty line
+
+
+# torchrun's own log lines: "W1123 10:54:46.587000 3298 .../api.py:1028] Sending process ..." (glog style:
+# level, date, time, pid, source); they carry times, process ids and paths of this machine.
+LAUNCHER_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# PyTorch's C++ warnings from a worker, "[rank1]:[W1123 11:00:27.892 TCPStore.cpp:125] ...", and the C++
+# stack that may follow one ("Exception raised from ...", "frame #0: ...").
+WORKER_LOG_LINE = re.compile(r"^\[rank\d+\]:\[[IWEF]\d{4} ")
+CPP_STACK_LINE = re.compile(r"^(Exception raised from |frame #\d+: |<omitting python frames>|$)")
+
+
+def script_lines(output):
+    """What the course script printed, from a torchrun's output: torchrun's log lines, PyTorch's
+    C++ warnings and the traceback a failed job ends with are left out."""
+    kept, in_cpp_warning = [], False
+    for line in output.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            break  # torchrun's ChildFailedError and its summary follow; the script's own error line came before
+        if WORKER_LOG_LINE.match(line):
+            in_cpp_warning = True
+            continue
+        if in_cpp_warning and CPP_STACK_LINE.match(line):
+            continue
+        in_cpp_warning = False
+        if not LAUNCHER_LOG_LINE.match(line):
+            kept.append(line)
+    return kept
+
+
+def launcher_lines(output):
+    """torchrun's own log lines, each without its time, process id and source prefix."""
+    return [LAUNCHER_LOG_LINE.sub("", line) for line in output.splitlines() if LAUNCHER_LOG_LINE.match(line)]
 
 
 def show_diff(before, after):
