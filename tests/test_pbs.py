@@ -39,7 +39,7 @@ from typing import Callable
 import pytest
 
 from cluster_helpers import (
-    JOB_SCRIPTS, REPO, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
+    JOB_SCRIPTS, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
 )
 from data_makers import write_image_folder, write_resnet18_weights
 
@@ -111,7 +111,7 @@ JOBS = {
         record={"script": "train_ddp", "world_size": 4},
         log_has=(
             f"== pbsdsh: node_launch.sh on 2 node(s): {HEAD} {NODE2}",
-            f"this node   0 of 2", f"this node   1 of 2", "PBS_NODENUM=1 agrees",
+            "this node   0 of 2", "this node   1 of 2", "PBS_NODENUM=1 agrees",
             preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")]),
             f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0",
         ),
