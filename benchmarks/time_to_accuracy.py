@@ -15,16 +15,17 @@ and the median over seeds is what to compare). Recipes alternate within each rep
 so a slower or busier moment of the machine hits every recipe alike.
 """
 import argparse
-import json
+import datetime
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from core import data, distributed, models, reporting, training  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import report  # noqa: E402
+import torch  # noqa: E402
+from core import data, distributed, models, training  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 RECIPES = {
@@ -41,9 +42,8 @@ def parse_recipe(text):
 def run_once(recipe, train_set, test_set, args, runtime, seed):
     loader, optimizer_name, lr, batch_size = recipe
     run_args = argparse.Namespace(loader=loader, workers=0, pin_memory=False, optimizer=optimizer_name,
-                                  lr=lr, gamma=0.7, model="net", dropout=True)
-    torch.manual_seed(seed)
-    model = models.build_model(run_args)
+                                  lr=lr, gamma=0.7, model="net", dropout=True, seed=seed)
+    model = models.build_model(run_args)  # seeded from seed: every recipe starts from the same weights
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed)
     batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)
     optimizer, scheduler = training.make_optimizer(model, run_args)
@@ -76,31 +76,34 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recipe", action="append", default=[], type=parse_recipe)
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / f"time_to_accuracy-{time.strftime('%Y%m%d')}.json")
+    parser.add_argument("--records", type=Path, default=common.DEFAULT_RECORDS, help="where the JSON record goes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipes = dict(RECIPES, **dict(args.recipe))
-    runtime = distributed.Runtime(0, 0, 1, 1, torch.device("cpu"), None, args.threads)
-    train_set, test_dataset = data.load_datasets("mnist5k", data.Path(__file__).resolve().parents[1] / "data")
+    runtime = distributed.Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                                  backend=None, threads=args.threads, timeout=datetime.timedelta(seconds=300))
+    train_set, test_dataset = data.load_datasets("mnist5k", common.REPO / "data")
     test_set = training.TestSet(test_dataset, runtime)
     runs = {name: [] for name in recipes}
+    load_before = common.load_average()
     for repeat in range(args.repeats):
         for name, recipe in recipes.items():
             result = run_once(recipe, train_set, test_set, args, runtime, args.seed + repeat)
             runs[name].append(result)
             print(f"repeat {repeat + 1}: {name:<16} {result}", flush=True)
-    hardware = reporting.hardware(runtime)
-    print(f"\ntime to {args.target:.0%} test accuracy on mnist5k ({hardware['cpu']}, {args.threads} threads, "
-          f"torch {hardware['torch']}), median of {args.repeats}:")
-    for name, results in runs.items():
-        seconds = [r["seconds"] for r in results if r["seconds"] is not None]
-        median = statistics.median(seconds) if len(seconds) == len(results) else None
-        steps = statistics.median(r["steps"] for r in results)
-        print(f"  {name:<16} {'not reached' if median is None else f'{median:6.2f} s'}  ({steps:.0f} steps)")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"hardware": hardware, "threads": args.threads, "target": args.target,
-                                     "eval_every": args.eval_every, "recipes": recipes, "runs": runs}, indent=2) + "\n")
-    print(f"written to benchmarks/results/{args.json.name}")
+    record = {"benchmark": "time_to_accuracy", "hardware": common.hardware(), "threads": args.threads,
+              "target": args.target, "eval_every": args.eval_every, "repeats": args.repeats,
+              "load_average": [load_before, common.load_average()], "recipes": recipes, "runs": runs,
+              "summary": {name: summarize(results) for name, results in runs.items()}}
+    print(f"\ntime to {args.target:.0%} test accuracy, mnist5k, one process:\n" + report.render(record))
+    common.write_record(args.records, "time_to_accuracy", record)
+
+
+def summarize(results):
+    """Medians over seeds; no time when any seed never reached the target."""
+    seconds = [r["seconds"] for r in results if r["seconds"] is not None]
+    return {"median_seconds": statistics.median(seconds) if len(seconds) == len(results) else None,
+            "median_steps": statistics.median(r["steps"] for r in results)}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Start one torchrun on this node, with arguments read from the batch scheduler.
 
-    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--max-restarts K] [--port P] SCRIPT [ARGS...]
+    python scripts/launch.py [--dry-run] [--nproc-per-node N] [--gpus-per-process K] [--max-restarts K]
+                             [--port P] SCRIPT [ARGS...]
 
 Run it once per node of a job (PBS: `pbsdsh` in job_scripts/04_ddp_2nodes.pbs;
 Slurm: `srun --ntasks-per-node=1` in job_scripts/*.sbatch). It derives what torchrun
@@ -18,6 +19,8 @@ needs from what the scheduler granted the job:
                   exec_vnode in `qstat -f`). Never all the GPUs the node has: other jobs
                   may be using some. A job that was granted none, on a node with none:
                   one process per CPU granted (NCPUS, SLURM_CPUS_ON_NODE), at most 4.
+                  --gpus-per-process K (a model that spans K GPUs per process, as in
+                  train_ddp_model_parallel.py): one process per K GPUs granted.
   rendezvous      c10d on the first host, at a port computed from the job id (every node
                   computes the same one; two jobs sharing a node get different ones);
                   rdzv-id = the job id; the first host is told to host the store.
@@ -323,11 +326,17 @@ def cpus_here(env, scheduler):
     return cores, f"{cores} cores"
 
 
-def processes_per_node(env, scheduler, host, requested, warnings):
+def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_process=1):
     if requested is not None:
         return requested, "--nproc-per-node"
     granted, source = granted_gpus(env, scheduler, host)
     seen = visible_gpus()
+    if gpus_per_process > 1 and (granted or seen):  # a model whose replica spans several GPUs
+        gpus = granted or seen
+        if gpus < gpus_per_process:
+            raise LaunchError(f"each process needs {gpus_per_process} GPUs (--gpus-per-process) and this node has "
+                              f"{gpus} ({source or 'torch sees them'}); ask the job for {gpus_per_process} or more")
+        return gpus // gpus_per_process, f"one per {gpus_per_process} GPUs: {source or f'{seen} torch sees'}"
     if granted:
         if seen > granted:
             warnings.append(
@@ -361,7 +370,7 @@ def job_port(job_id):
     return PORT_BASE + zlib.crc32(job_id.encode()) % PORT_SPAN
 
 
-def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_RESTARTS):
+def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_RESTARTS, gpus_per_process=1):
     scheduler = detect_scheduler(env)
     if scheduler == "pbs":
         job_id = env.get("PBS_JOBID") or "interactive"
@@ -396,7 +405,8 @@ def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_
     if len(hosts) == 1:
         node_rank, rank_source = 0, "one node"
     warnings = []
-    nproc, nproc_source = processes_per_node(env, scheduler, hosts[node_rank], nproc_per_node, warnings)
+    nproc, nproc_source = processes_per_node(env, scheduler, hosts[node_rank], nproc_per_node, warnings,
+                                             gpus_per_process)
     if len(hosts) > 1:
         port = port if port is not None else job_port(job_id)
     return Plan(scheduler, job_id, hosts, hosts_source, node_rank, rank_source, nproc, nproc_source,
@@ -490,6 +500,8 @@ def parse_args(argv):
     )
     parser.add_argument("--dry-run", action="store_true", help="print what was derived and the torchrun command; run nothing")
     parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: GPUs granted, else CPUs up to 4)")
+    parser.add_argument("--gpus-per-process", type=int, default=1, metavar="K",
+                        help="GPUs each process uses (2: DDP with model parallelism); processes = GPUs // K")
     parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="K",
                         help=f"times torchrun restarts a failed worker group (default {DEFAULT_MAX_RESTARTS})")
     parser.add_argument("--port", type=int, default=None, metavar="P", help="rendezvous port on the first host (default: derived from the job id)")
@@ -500,6 +512,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be at least 1")
+    if args.gpus_per_process < 1:
+        parser.error("--gpus-per-process must be at least 1")
     if args.max_restarts < 0:
         parser.error("--max-restarts must be 0 or more")
     if args.port is not None and not 1 <= args.port <= 65535:
@@ -515,7 +529,7 @@ def main(argv=None, env=None):
     try:
         if not os.path.isfile(args.script):
             raise LaunchError(f"no such training script: {args.script} (run from the course directory, e.g. scripts/train_ddp.py)")
-        plan = plan_from_env(env, args.nproc_per_node, args.port, args.max_restarts)
+        plan = plan_from_env(env, args.nproc_per_node, args.port, args.max_restarts, args.gpus_per_process)
         command = torchrun_command(plan, args.script, args.script_args, args.join_timeout)
         if args.dry_run:
             print(describe(plan, args.script_args))

@@ -5,12 +5,15 @@ and after backward the gradients are averaged across processes with all_reduce.
 
 --mode per-parameter: one all_reduce per parameter tensor;
 --mode bucket: all gradients flattened into one tensor, one all_reduce.
+Step 2b (scripts/own_ddp.py) starts the all_reduces during backward instead:
+--mode overlap: one per parameter; --mode overlap-bucket: one per bucket of --bucket-mb MiB.
 """
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.utils.data.distributed import DistributedSampler
 
+import own_ddp
 from core import cli, data, distributed, models, training
 
 
@@ -33,7 +36,9 @@ def average_gradients_bucket(model):
         grad.copy_(averaged)
 
 
-AVERAGE_GRADIENTS = {"per-parameter": average_gradients_per_parameter, "bucket": average_gradients_bucket}
+AVERAGE_GRADIENTS = {"per-parameter": average_gradients_per_parameter, "bucket": average_gradients_bucket,
+                     # Step 2b: hooks started the all_reduces during backward; after it, only the wait is left.
+                     "overlap": own_ddp.wait_for_gradients, "overlap-bucket": own_ddp.wait_for_gradients}
 
 
 def broadcast_parameters(model):
@@ -45,6 +50,8 @@ def broadcast_parameters(model):
 
 def add_arguments(parser):
     parser.add_argument("--mode", choices=list(AVERAGE_GRADIENTS), default="bucket", help="how gradients are averaged")
+    parser.add_argument("--bucket-mb", type=cli.positive_float, default=own_ddp.DEFAULT_BUCKET_MB,
+                        help="bucket size in MiB for --mode overlap-bucket")
 
 
 def main(argv=None):
@@ -57,6 +64,8 @@ def main(argv=None):
     train_set, test_set = data.load_datasets(args.dataset, args.data_dir, runtime)
     model = models.build_model(args).to(runtime.device)
     broadcast_parameters(model)
+    if args.mode in own_ddp.MODES:  # step 2b: a wrapper whose hooks start the all_reduces during backward
+        model = own_ddp.wrap(model, args.mode, args.bucket_mb)
     # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)

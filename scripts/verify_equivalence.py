@@ -7,6 +7,8 @@ From the same initial weights and the same data order, every rank trains:
   single         one process on the whole global batch (each rank runs it locally)
   per-parameter  its shard, gradients averaged with one all_reduce per parameter
   bucket         its shard, gradients averaged with one all_reduce of a flat bucket
+  overlap        its shard, one all_reduce per parameter started during backward (own_ddp.py)
+  overlap-bucket its shard, one all_reduce per bucket started during backward (own_ddp.py)
   ddp            its shard, wrapped in DistributedDataParallel
   no-averaging   its shard, gradients NOT averaged: the control that must differ
 Rank 0 prints the largest difference from `single` (gradients after step 1, weights
@@ -28,10 +30,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
+import own_ddp
 from core import CourseError, cli, data, distributed, models, training
 from train_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
-AVERAGED = ["per-parameter", "bucket", "ddp"]
+AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]
 
 
 def add_arguments(parser):
@@ -72,10 +75,13 @@ def run_all(initial, train_set, runtime, args):
     fresh = lambda: copy.deepcopy(initial)  # noqa: E731 -- every method starts from the same weights
     ddp_model = DDP(fresh(), device_ids=[device.index] if device.type == "cuda" else None)
     per_parameter, bucket = fresh(), fresh()
+    overlap, overlap_bucket = own_ddp.wrap(fresh(), "overlap"), own_ddp.wrap(fresh(), "overlap-bucket")
     return {
         "single": train(fresh(), global_batches, args),
         "per-parameter": train(per_parameter, shard, args, lambda: average_gradients_per_parameter(per_parameter)),
         "bucket": train(bucket, shard, args, lambda: average_gradients_bucket(bucket)),
+        "overlap": train(overlap, shard, args, overlap.finish_gradient_sync),
+        "overlap-bucket": train(overlap_bucket, shard, args, overlap_bucket.finish_gradient_sync),
         "ddp": train(ddp_model, shard, args),
         "no-averaging": train(fresh(), shard, args),
     }

@@ -1,5 +1,6 @@
 """The course's central claim: W processes with batch B train exactly like one process
-with batch W x B, for the hand-written all_reduce (both modes) and for DDP.
+with batch W x B, for the hand-written all_reduce (after backward, per parameter and in one
+bucket; during backward, per parameter and in buckets: own_ddp.py) and for DDP.
 
 Dropout is off in these runs (verify_equivalence.py turns it off): its random masks
 would differ between one process and two, whatever the seeds.
@@ -8,7 +9,7 @@ import pytest
 
 from conftest import assert_ok, read_json, run_torchrun
 
-AVERAGED = ["per-parameter", "bucket", "ddp"]
+AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]
 
 
 @pytest.fixture(scope="module", params=["adadelta", "sgd"])

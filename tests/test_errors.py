@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, assert_one_line_error, run_python, run_torchrun, script_env
+from conftest import REPO, assert_one_line_error, error_lines, run_python, run_torchrun, script_env
 
 
 def test_missing_full_mnist_names_the_download_command(tmp_path):
@@ -21,6 +21,13 @@ def test_cuda_asked_for_without_a_gpu():
 
 def test_nccl_asked_for_on_cpu():
     assert_one_line_error(run_torchrun("train_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
+
+
+def test_a_gloo_interface_this_host_lacks():
+    """Gloo alone would end in a C++ enforce failure and a traceback, on every rank."""
+    done = run_torchrun("train_ddp.py", "--max-steps", "1", env=script_env(GLOO_SOCKET_IFNAME="nope0"))
+    assert_one_line_error(done, "GLOO_SOCKET_IFNAME=nope0 names no interface of this host", "lo")
+    assert len(set(error_lines(done))) == 1  # each rank that got to say it, the same line
 
 
 def test_single_process_script_under_torchrun_with_two_processes():

@@ -1,4 +1,4 @@
-"""The exercises of notebooks 00-05: each check passes the solution, fails a wrong answer, and
+"""The exercises of the notebooks: each check passes the solution, fails a wrong answer, and
 says "not attempted yet" for the placeholder; and no stored notebook shows an answer.
 
 A solution lives in notebooks/solutions/ and reaches a notebook only when the participant
@@ -39,6 +39,17 @@ def ddp_buckets(tmp_path_factory):
     return json.loads(record.read_text())["buckets"]
 
 
+@pytest.fixture(scope="module")
+def beyond_observed(tmp_path_factory):
+    """What gradient accumulation and ZeRO-1 did, from a real torchrun of the demos (notebook 07 shows the same)."""
+    record = tmp_path_factory.mktemp("beyond") / "demos.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(SCRIPTS / "beyond_demos.py"), "--demo", "accumulate", "zero", "--device", "cpu", "--json", str(record)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(record.read_text())
+
+
 def uneven_shards_context(train_set):
     """Notebook 02, exercise 3: a Net without dropout, 64 images and a gradient helper."""
     torch.manual_seed(0)
@@ -73,6 +84,11 @@ def context(exercise_id, request, tmp_path):
         return {"PREFIXED": path}, {"checkpoint": path}
     if exercise_id == "04.2":
         return {}, {"observed": request.getfixturevalue("ddp_buckets")}
+    if exercise_id == "07.1":
+        return {}, {"observed": request.getfixturevalue("beyond_observed")["accumulate"]}
+    if exercise_id == "07.2":
+        numels = [p.numel() for p in models.Net().parameters()]
+        return {}, {"observed": request.getfixturevalue("beyond_observed")["zero"], "parameter_numels": numels}
     return {}, {}
 
 
@@ -125,6 +141,11 @@ def wrong_answers(exercise_id, extra):
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
+        "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
+        "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
+        "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
+        "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
+                 (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
     }[exercise_id]
 
 
@@ -135,10 +156,10 @@ def placeholder_function(*args):
 IDS = sorted(EXERCISES)
 
 
-def test_every_notebook_00_to_05_has_exercises():
+def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
         "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
-        "05_checkpoints_and_faults"]
+        "05_checkpoints_and_faults", "07_beyond_ddp", "08_performance"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)

@@ -30,6 +30,32 @@ def test_every_step_has_a_pbs_and_a_slurm_job():
     assert set(STEPS) <= {path.stem for path in SLURM_JOBS}
 
 
+def test_every_pbs_job_has_a_slurm_twin():
+    assert {path.stem for path in PBS_JOBS} == {path.stem for path in SLURM_JOBS}
+
+
+# The seed systems' jobs: what each trains by default (COURSE_ARGS come after, and can change it).
+SEED_JOBS = {
+    "06_cifar10_baseline": ("scripts/train_single.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_cifar10_ddp": ("scripts/train_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_cifar10_ddp_2nodes": ("scripts/train_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_finetune_2nodes": ("scripts/train_finetune.py", '"${COURSE_START_ARG_LIST[@]}" --epochs 5'),
+    "06_model_parallel": ("scripts/train_ddp_model_parallel.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+}
+
+
+@pytest.mark.parametrize("job", [f"{stem}.{kind}" for stem in SEED_JOBS for kind in ("pbs", "sbatch")])
+def test_seed_jobs_train_their_system_with_course_args_last(job):
+    script, flags = SEED_JOBS[job.split(".")[0]]
+    command = " ".join((JOB_SCRIPTS / job).read_text().replace("\\\n", " ").split())
+    assert f'{script} {flags} "${{COURSE_TRAIN_ARG_LIST[@]}}"' in command
+
+
+def test_the_model_parallel_jobs_start_one_process_per_two_gpus():
+    for kind in ("pbs", "sbatch"):
+        assert "scripts/launch.py --gpus-per-process 2" in (JOB_SCRIPTS / f"06_model_parallel.{kind}").read_text()
+
+
 @pytest.mark.parametrize("path", SHELL_FILES, ids=names(SHELL_FILES))
 def test_shellcheck(path):
     if not shellcheck():
@@ -83,8 +109,9 @@ def test_the_gpu_line_asks_for_the_same_cpus_plus_gpus(path):
     assert any(part.startswith("ngpus=") for part in gpu_parts)
 
 
-def test_the_2node_job_asks_for_one_chunk_per_host():
-    text = (JOB_SCRIPTS / "04_ddp_2nodes.pbs").read_text()
+@pytest.mark.parametrize("job", names(JOB_SCRIPTS.glob("*_2nodes.pbs")))
+def test_the_2node_job_asks_for_one_chunk_per_host(job):
+    text = (JOB_SCRIPTS / job).read_text()
     select = next(r for r in resource_lines(text) if r.startswith("select="))
     assert select.startswith("select=2:") and "mpiprocs=1" in select and "place=scatter" in resource_lines(text)
 

@@ -339,3 +339,23 @@ def test_runs_torchrun_for_real_without_a_scheduler(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "one node: torchrun --standalone" in result.stderr
     assert read_record(tmp_path / "standalone.json")["world_size"] == 2
+
+
+# ---------------------------------------------------------------- DDP with model parallelism: 2 GPUs per process
+
+@pytest.mark.parametrize("gpus, processes", [(4, 2), (2, 1), (5, 2)])
+def test_two_gpus_per_process_starts_half_as_many_processes(tmp_path, gpus, processes):
+    env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": str(gpus)}
+    plan = launch.plan_from_env(env, gpus_per_process=2)
+    assert plan.nproc_per_node == processes and plan.nproc_source == f"one per 2 GPUs: NGPUS={gpus}"
+
+
+def test_two_gpus_per_process_with_one_gpu_is_a_clear_error():
+    with pytest.raises(launch.LaunchError, match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node has 1"):
+        launch.plan_from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "1"},
+                             gpus_per_process=2)
+
+
+def test_without_gpus_two_gpus_per_process_changes_nothing(tmp_path):
+    env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "0", "NCPUS": "2"}
+    assert launch.plan_from_env(env, gpus_per_process=2).nproc_per_node == launch.plan_from_env(env).nproc_per_node == 2

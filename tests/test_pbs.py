@@ -18,8 +18,11 @@ test_every_pbs_job_has_an_entry fails. An entry is a Submission:
   resources  what to ask qsub for instead of the job's #PBS lines: these hosts have 2
              CPUs each (ncpus=1 for one process, ncpus=2 for two) and 24 GB
   variables  qsub -v variables: COURSE_ARGS for a short run (short_run("<name>") trains
-             3 steps and writes results/<name>.json), COURSE_LAUNCH_ARGS, site.sh settings
-  record     fields the job's JSON record must hold (None: the job writes none)
+             3 steps and writes results/<name>.json), COURSE_LAUNCH_ARGS, site.sh settings;
+             small offline data: --dataset synthetic-cifar10, or the ImageFolder and
+             weights file in finetune-data/ of the course copy (tests/data_makers.py)
+  record     fields the job's JSON record must hold (None: the job writes none); the
+             data set is mnist5k unless the record names another
   log_has    text the job's output must contain
   check      optionally, a function(log, record) with more asserts
 Then `sudo bash .ci/start_pbs.sh; .venv/bin/python -m pytest tests/test_pbs.py`.
@@ -36,8 +39,9 @@ from typing import Callable
 import pytest
 
 from cluster_helpers import (
-    JOB_SCRIPTS, REPO, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
+    JOB_SCRIPTS, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
 )
+from data_makers import write_image_folder, write_resnet18_weights
 
 SETUP, NO_PBS = pbs_setup()
 pytestmark = pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")
@@ -48,6 +52,10 @@ ONE_CPU = ("select=1:ncpus=1:mem=4gb", "walltime=00:10:00")
 TWO_HOSTS = ("select=2:ncpus=2:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
 TWO_HOSTS_ONE_CPU = ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
 JOB_SECONDS = 600  # every submission together, at most
+
+
+SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
+FINETUNE_DATA = "finetune-data"  # in the course copy: an ImageFolder and a weights file (tests/data_makers.py)
 
 
 def short_run(name, extra=""):
@@ -103,13 +111,44 @@ JOBS = {
         record={"script": "train_ddp", "world_size": 4},
         log_has=(
             f"== pbsdsh: node_launch.sh on 2 node(s): {HEAD} {NODE2}",
-            f"this node   0 of 2", f"this node   1 of 2", "PBS_NODENUM=1 agrees",
+            "this node   0 of 2", "this node   1 of 2", "PBS_NODENUM=1 agrees",
             preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")]),
             f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0",
         ),
     ),
     # JupyterLab on the job's host, told to stop when idle (Jupyter looks once a minute): the
     # server really started there, named its tunnel, and ended the job by itself.
+    # CIFAR-10 with ResNet-18 (seed 000), on CIFAR-shaped images made up in memory.
+    "06_cifar10_baseline.pbs": Submission(
+        "06_cifar10_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("06_cifar10_baseline", SYNTHETIC_CIFAR)},
+        record={"script": "train_single", "world_size": 1, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        log_has=(re.compile(r"^total \d+\.\d s; record written to results/06_cifar10_baseline\.json", re.M),),
+    ),
+    "06_cifar10_ddp.pbs": Submission(
+        "06_cifar10_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_cifar10_ddp", SYNTHETIC_CIFAR)},
+        record={"script": "train_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        log_has=("pre-flight all_reduce ok: 2 rank(s) on 1 node(s)", "record written to results/06_cifar10_ddp.json"),
+    ),
+    "06_cifar10_ddp_2nodes.pbs": Submission(
+        "06_cifar10_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("06_cifar10_ddp_2nodes", SYNTHETIC_CIFAR)},
+        record={"script": "train_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]), f"== node 1 ({NODE2}): exit status 0"),
+    ),
+    # The fine-tune (seed 001) from a weights file, on a small ImageFolder of PNG digits.
+    "06_finetune_2nodes.pbs": Submission(
+        "06_finetune_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        {"COURSE_ARGS": short_run("06_finetune_2nodes", f"--data-dir {FINETUNE_DATA}/imagefolder "
+                                                        f"--weights {FINETUNE_DATA}/resnet18-weights.pt --batch-size 4")},
+        record={"script": "train_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
+        log_has=("--finetune head: 1,026 of 11,177,538 parameters train", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
+    ),
+    # DDP with model parallelism (seed 003): without GPUs, both halves of each replica on the CPU.
+    "06_model_parallel.pbs": Submission(
+        "06_model_parallel.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_model_parallel", SYNTHETIC_CIFAR)},
+        record={"script": "train_ddp_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},
+        log_has=("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu",),
+    ),
     "jupyter.pbs": Submission(
         "jupyter.pbs", ONE_CPU, {"COURSE_JUPYTER_IDLE_SECONDS": "5"},
         log_has=(re.compile(rf"== JupyterLab on ({HEAD}|{NODE2}), port \d+, serving "),
@@ -215,6 +254,8 @@ def course(pbs):
     shutil.copy2(STAND_INS / "conda", copy / "conda" / "bin" / "conda")
     (copy / "conda" / "envs" / "ddp-course").symlink_to(venv)
     (copy / "logs").mkdir()
+    write_image_folder(copy / FINETUNE_DATA / "imagefolder")
+    write_resnet18_weights(copy / FINETUNE_DATA / "resnet18-weights.pt")
     copy_course_for(user, copy)
     yield copy
     shutil.rmtree(copy)
@@ -270,7 +311,7 @@ def check_submission(finished, name):
     if submission.record is not None:
         assert record is not None, f"no JSON record\n{context}"
         assert {key: record.get(key) for key in submission.record} == submission.record, context
-        assert record["dataset"] == "mnist5k" and len(record["per_epoch"]) == 1
+        assert record["dataset"] == submission.record.get("dataset", "mnist5k") and len(record["per_epoch"]) == 1
     if submission.check:
         submission.check(log, record)
     return log, record

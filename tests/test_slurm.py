@@ -15,6 +15,7 @@ import time
 import pytest
 
 from cluster_helpers import JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
+from data_makers import write_image_folder, write_resnet18_weights
 
 pytestmark = pytest.mark.skipif(
     shutil.which("sbatch") is None,
@@ -55,12 +56,15 @@ def submitted(tmp_path_factory):
     # This machine's answers to the #SBATCH lines written for a GPU cluster.
     overrides = [f"--partition={partition}", "--gres=none", "--mem=0", f"--cpus-per-task={cpus}", "--time=10"]
     out = tmp_path_factory.mktemp("slurm")
+    write_image_folder(out / "finetune" / "imagefolder")
+    write_resnet18_weights(out / "finetune" / "resnet18-weights.pt")
     jobs = {}
     # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it).
     for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch")) if path.stem != "jupyter"] + ["failing"]:
         script = "01_baseline" if step == "failing" else step
         env = clean_environment()
-        env["COURSE_ARGS"] = f"{SHORT_RUN} --results-dir {out} --run-name {step}" + (" --epochs 0" if step == "failing" else "")
+        env["COURSE_ARGS"] = (f"{SHORT_RUN} --results-dir {out} --run-name {step} " + DATA.get(step, "").format(out=out) +
+                              (" --epochs 0" if step == "failing" else ""))
         env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / step)
         result = subprocess.run(
             ["sbatch", "--parsable", *overrides, f"--job-name=test-{step}", f"--output={out}/{step}-%j.out",
@@ -84,12 +88,25 @@ def submitted(tmp_path_factory):
     return {"out": out, "cpus": cpus, "states": states, "logs": logs, "jobs": jobs, "overrides": overrides}
 
 
+# Small offline data for the seed systems' jobs (their own flags name the real data sets).
+SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
+DATA = {
+    "06_cifar10_baseline": SYNTHETIC_CIFAR, "06_cifar10_ddp": SYNTHETIC_CIFAR, "06_cifar10_ddp_2nodes": SYNTHETIC_CIFAR,
+    "06_model_parallel": SYNTHETIC_CIFAR,
+    "06_finetune_2nodes": "--data-dir {out}/finetune/imagefolder --weights {out}/finetune/resnet18-weights.pt --batch-size 2",
+}
+
 EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
     "01_baseline": ("train_single", lambda c: 1),
     "02_allreduce": ("train_allreduce", lambda c: min(c, 4)),
     "03_data_parallel": ("train_dp", lambda c: 1),
     "04_ddp": ("train_ddp", lambda c: min(c, 4)),
     "04_ddp_2nodes": ("train_ddp", lambda c: 2 * min(c, 4)),
+    "06_cifar10_baseline": ("train_single", lambda c: 1),
+    "06_cifar10_ddp": ("train_ddp", lambda c: min(c, 4)),
+    "06_cifar10_ddp_2nodes": ("train_ddp", lambda c: 2 * min(c, 4)),
+    "06_finetune_2nodes": ("train_finetune", lambda c: 2 * min(c, 4)),
+    "06_model_parallel": ("train_ddp_model_parallel", lambda c: min(c, 4)),  # no GPU: one process per CPU
 }
 
 
@@ -102,6 +119,8 @@ def test_sbatch_job_completes_and_writes_its_record(submitted, step):
     script, world_size = EXPECTED[step]
     record = read_record(submitted["out"] / f"{step}.json")
     assert (record["script"], record["world_size"]) == (script, world_size(submitted["cpus"]))
+    if step.startswith("06_"):
+        assert record["model"] == "resnet18" and "total " in log
 
 
 def test_two_node_sbatch_job_starts_one_launcher_per_node(submitted):

@@ -38,7 +38,8 @@ NAME = re.compile(r"checkpoint-(\d{8})\.pt")
 
 # What must match between a checkpoint and the run that resumes it: with any of these
 # changed, the continued run is not the run that was interrupted.
-MUST_MATCH = ("model", "dataset", "world_size", "batch_size", "accumulate", "optimizer", "seed", "precision")
+MUST_MATCH = ("model", "dataset", "world_size", "batch_size", "accumulate", "optimizer", "seed", "precision",
+              "trainable_parameters")
 
 
 def file_name(global_step):

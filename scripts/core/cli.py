@@ -30,12 +30,19 @@ def build_parser(description):
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     data = parser.add_argument_group("data and model")
-    data.add_argument("--dataset", default="mnist5k", help="mnist5k (bundled, offline; default) or mnist (full, download first)")
+    data.add_argument("--dataset", default="mnist5k",
+                      help="mnist5k (bundled, offline; default), mnist or cifar10 (download first), synthetic-cifar10 "
+                           "(CIFAR-shaped, made up in memory), imagefolder (--data-dir with train/ and val/)")
     data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="where the data sets live (default: data/)")
-    data.add_argument("--model", default="net", help="net: the two-conv MNIST network (default)")
+    data.add_argument("--model", default="net",
+                      help="net: the two-conv MNIST network (default); net-bn: the same with BatchNorm; "
+                           "resnet18: torchvision's; resnet18-cifar: with the CIFAR stem")
     data.add_argument("--no-dropout", dest="dropout", action="store_false", help="turn the Net's dropout off (exact comparisons need it off)")
-    data.add_argument("--loader", choices=["tensor", "dataloader"], default="tensor",
-                      help="tensor: whole data set in memory, batches by indexing (default); dataloader: per-sample transforms")
+    data.add_argument("--sync-bn", action="store_true",
+                      help="SyncBatchNorm: BatchNorm layers normalise with the statistics of the global batch, not this rank's")
+    data.add_argument("--loader", choices=["auto", "tensor", "dataloader"], default="auto",
+                      help="tensor: whole data set in memory, batches by indexing; dataloader: per-sample transforms; "
+                           "auto (default): tensor, but dataloader for an ImageFolder")
     data.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (dataloader route only)")
     data.add_argument("--pin-memory", action="store_true", help="pin host memory for faster copies to the GPU (dataloader route)")
 
@@ -93,6 +100,13 @@ def parse_args(argv=None, description=None, add_arguments=None):
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
+    from .data import LOADER_ONLY  # imported here: --help needs no torchvision
+
+    if args.loader == "auto":
+        args.loader = "dataloader" if args.dataset in LOADER_ONLY else "tensor"
+    elif args.loader == "tensor" and args.dataset in LOADER_ONLY:
+        parser.error(f"--dataset {args.dataset} needs --loader dataloader: its images differ in size, and every "
+                     f"epoch crops them afresh from the originals")
     if args.workers < 0:
         parser.error("--workers must be 0 or more")
     if args.fault_rank < 0:

@@ -138,6 +138,8 @@ def this_process(args, single_process=False):
         use_world_of_one()
     device = pick_device(args.device, local_rank, local_world_size)
     backend = None if single_process else pick_backend(args.backend, device)
+    if backend == "gloo":
+        check_gloo_interfaces()
     threads = args.threads or max(1, usable_cpus() // local_world_size)
     torch.set_num_threads(threads)  # torchrun sets OMP_NUM_THREADS=1 unless told otherwise
     runtime = Runtime(rank, local_rank, world_size, local_world_size, device, backend, threads,
@@ -146,6 +148,17 @@ def this_process(args, single_process=False):
         print(f"device {device}, backend {backend or 'none'}, world size {world_size}, "
               f"{threads} CPU thread(s) per process", flush=True)
     return runtime
+
+
+def check_gloo_interfaces():
+    """GLOO_SOCKET_IFNAME must name interfaces of this host; gloo itself ends in a C++ traceback."""
+    wanted = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+    present = {name for _, name in socket.if_nameindex()}
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        raise CourseError(f"GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']} names no interface of this host "
+                          f"({', '.join(missing)}); set it to one of: {', '.join(sorted(present))} "
+                          f"(`ip -br addr` shows them), or unset it")
 
 
 def use_world_of_one():

@@ -1,6 +1,6 @@
 """The checks of the notebooks' exercises.
 
-Every exercise in notebooks 00-05 has three cells: one where the participant writes the
+Every exercise in the notebooks has three cells: one where the participant writes the
 answer (it starts as a placeholder, ``...``), one that can load the solution from
 ``notebooks/solutions/`` (a commented ``%load`` line, so nothing shows before it is asked
 for), and a check cell that calls one of the functions below on the participant's names:
@@ -314,3 +314,84 @@ def check_resume_step(resume_step, observed=None):
     return (f"With a checkpoint every {every} steps and {per_epoch} steps per epoch, a rank lost after step {fault} "
             f"costs {redone} step(s) of work on every rank. --checkpoint-every trades that against the time "
             "spent writing checkpoints.")
+
+
+# --- 07_beyond_ddp --------------------------------------------------------------------------
+
+@exercise("07_beyond_ddp", 1, answers=("syncs_per_step",))
+def check_syncs_per_step(syncs_per_step, observed):
+    k = observed["micro_batches"]
+    for way, use_no_sync in (("no_sync", True), ("without no_sync", False)):
+        seen = observed[way]["syncs_per_step"][-1]
+        got = syncs_per_step(k, use_no_sync)
+        assert got == seen, f"syncs_per_step({k}, use_no_sync={use_no_sync}) = {got}; DDP synchronised {seen} time(s)"
+    for micro_batches in (1, 2, 8, 32):  # the rule, beyond the K the demo ran
+        pair = (syncs_per_step(micro_batches, True), syncs_per_step(micro_batches, False))
+        assert pair == (1, micro_batches), (f"for {micro_batches} micro-batches you predict {pair} (with, without "
+                                            "no_sync): think about what happens in each backward")
+    return (f"With no_sync one sync per optimizer step, whatever K; without it one per micro-batch: {k} times the "
+            "traffic, for exactly the same weights. On a slow network that is the difference between "
+            "accumulation being nearly free and costing K steps' worth of communication.")
+
+
+ADAM_BYTES_PER_NUMBER = 8  # exp_avg and exp_avg_sq, float32 each
+
+
+@exercise("07_beyond_ddp", 2, answers=("zero_state_per_rank",))
+def check_zero_state_per_rank(zero_state_per_rank, observed, parameter_numels):
+    ranks = observed["ranks"]
+    predicted = list(zero_state_per_rank(list(parameter_numels), len(ranks)))
+    measured = [rank["zero"] for rank in ranks]
+    assert len(predicted) == len(ranks), f"one number per rank, please: got {len(predicted)} for {len(ranks)} ranks"
+    assert sum(predicted) == ranks[0]["adam"], (f"your ranks hold {sum(predicted):,} bytes together; Adam's whole "
+                                                f"state is {ranks[0]['adam']:,}: every parameter's state lives on "
+                                                "exactly one rank")
+    assert predicted == measured, (f"you predict {predicted} bytes per rank; ZeroRedundancyOptimizer measured "
+                                   f"{measured}. It hands out whole parameters, not equal slices")
+    return (f"{measured}: ZeroRedundancyOptimizer gives whole parameters, largest first, to the rank holding the "
+            "least so far. One 1.2M-number layer (fc1.weight) outweighs the rest of the Net, so one rank keeps "
+            "almost everything: ZeRO-1 saves memory on models of many similar layers (transformers), not on "
+            "this one. FSDP shards every parameter itself, so its shares are even.")
+
+
+# --- 08_performance -------------------------------------------------------------------------
+
+def _ring_bus_bandwidth(algbw, ranks):
+    """nccl-tests' all_reduce correction: a ring moves 2(n-1)/n of the message through each rank's link."""
+    return algbw * 2 * (ranks - 1) / ranks
+
+
+@exercise("08_performance", 1, answers=("bus_bandwidth",))
+def check_bus_bandwidth(bus_bandwidth):
+    for ranks in range(1, 9):
+        expected = _ring_bus_bandwidth(10.0, ranks)
+        got = bus_bandwidth(10.0, ranks)
+        assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12), (
+            f"bus_bandwidth(10.0, {ranks}) = {got}: count what one rank sends in a ring all_reduce "
+            "(a reduce-scatter, then an all-gather, each in chunks of 1/n of the message)")
+    return ("For 2 ranks busbw equals algbw; for 8 it is 1.75 x algbw. busbw is what each rank's link carries, "
+            "so it can be set against the link's own bandwidth whatever the number of ranks.")
+
+
+def _communication_share(batch, flops_per_sample, flops_per_second, gradient_bytes, busbw, ranks):
+    compute = batch * flops_per_sample / flops_per_second
+    communication = gradient_bytes * 2 * (ranks - 1) / ranks / busbw
+    return communication / (compute + communication)
+
+
+@exercise("08_performance", 2, answers=("communication_share",))
+def check_communication_share(communication_share):
+    net = dict(flops_per_sample=71.6e6, gradient_bytes=4.8e6)  # the Net: FLOPs per sample, fp32 gradients
+    cases = [(32, 30e9, 1.0e9, 2), (64, 30e9, 1.0e9, 2), (32, 100e12, 200e9, 8), (32, 100e12, 20e9, 16)]
+    for batch, flops_per_second, busbw, ranks in cases:
+        expected = _communication_share(batch, net["flops_per_sample"], flops_per_second, net["gradient_bytes"],
+                                        busbw, ranks)
+        got = communication_share(batch, net["flops_per_sample"], flops_per_second, net["gradient_bytes"],
+                                  busbw, ranks)
+        assert math.isclose(got, expected, rel_tol=1e-6), (
+            f"batch {batch}, {flops_per_second:.0e} FLOP/s, busbw {busbw:.0e} B/s, {ranks} ranks: you get {got:.3f}; "
+            "compute grows with the batch, the gradient all_reduce does not (and is 2(n-1)/n of the bytes per link)")
+    shares = [_communication_share(b, net["flops_per_sample"], f, net["gradient_bytes"], w, n) for b, f, w, n in cases]
+    return (f"The Net on a 2-core CPU: {shares[0]:.0%} of a step is communication at batch 32, {shares[1]:.0%} at "
+            f"64. On GPUs at 100 TFLOP/s the same Net spends {shares[2]:.0%} communicating over a 200 GB/s link, "
+            f"{shares[3]:.0%} over a 20 GB/s network: fast compute makes a small model communication-bound.")

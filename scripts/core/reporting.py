@@ -1,5 +1,4 @@
 """What a run reports: a line per epoch on rank 0, and a JSON record of the whole run."""
-import copy
 import json
 import os
 import platform
@@ -7,41 +6,14 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from . import mfu
 from .cli import REPO
-from .distributed import unwrap
 
-# Dense FP32 peak TFLOP/s per GPU (vendor data sheets), for MFU. Training here runs in
-# FP32, so the tensor-core peaks would understate how busy the GPU is.
-# Longest names first, so "H100 PCIe" wins over "H100".
-FP32_PEAK_TFLOPS = {
-    "H100 PCIe": 51.2, "H100": 66.9, "H200": 66.9, "GH200": 66.9, "A100": 19.5,
-    "A40": 37.4, "A10": 31.2, "L40S": 91.6, "L4": 30.3, "V100": 15.7, "P100": 9.3, "T4": 8.1,
-}
-
-
-def peak_flops(runtime, args):
-    """Peak FLOP/s of one device, or None where it is unknown (CPUs vary too much)."""
-    if args.peak_tflops:
-        return args.peak_tflops * 1e12
-    if runtime.device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(runtime.device)
-    for key in sorted(FP32_PEAK_TFLOPS, key=len, reverse=True):
-        if key in name:
-            return FP32_PEAK_TFLOPS[key] * 1e12
-    return None
-
-
-def training_flops_per_sample(model, images):
-    """FLOPs of forward plus backward for one sample, counted by PyTorch's FlopCounterMode."""
-    model = copy.deepcopy(unwrap(model))  # a copy: the real model's grads and hooks stay untouched
-    sample = images[:2]
-    counter = FlopCounterMode(display=False)
-    with torch.random.fork_rng(devices=[]), counter:  # dropout here must not shift the run's RNG
-        model(sample).sum().backward()
-    return counter.get_total_flops() / len(sample)
+# Notebook 01 compares one epoch's FLOPs with the FP32 peaks of three GPUs.
+FP32_PEAK_TFLOPS = {family: mfu.gpu_peak_tflops(name, "fp32") for family, name in (
+    ("V100", "Tesla V100-SXM2-16GB"), ("A100", "NVIDIA A100-SXM4-80GB"), ("H100", "NVIDIA H100 80GB HBM3"))}
+training_flops_per_sample = mfu.training_flops_per_sample
 
 
 def cpu_name():
@@ -80,8 +52,9 @@ class RunLog:
 
     def __init__(self, script, model, batches, runtime, args):
         self.runtime, self.args = runtime, args
-        self.flops_per_sample = training_flops_per_sample(model, batches.sample_inputs().to(runtime.device))
-        self.peak = peak_flops(runtime, args)
+        self.flops_per_sample = mfu.training_flops_per_sample(model, batches.sample_inputs().to(runtime.device))
+        self.peak = mfu.find_peak(model, runtime.device, runtime.threads, args.precision, args.peak_tflops)
+        self.world_peak = mfu.world_peak_flops(self.peak, runtime.world_size)
         self.started = time.perf_counter()
         self.seconds_before = 0.0  # training time of earlier attempts, when resumed from a checkpoint
         self.record = {
@@ -99,6 +72,7 @@ class RunLog:
             "epochs": args.epochs,
             "seed": args.seed,
             "flops_per_sample": self.flops_per_sample,
+            "peak": self.peak.as_record(),  # what MFU is measured against: value, precision, source, TF32
             "per_epoch": [],
         }
 
@@ -114,14 +88,14 @@ class RunLog:
     def log_epoch(self, epoch, train_loss, samples, seconds, metrics, steady=None):
         """``steady``: (samples, seconds) of the epoch without the process's warm-up steps, for MFU."""
         throughput = samples / seconds
-        mfu = None
-        if self.peak and steady and steady[1] > 0:
-            mfu = steady[0] / steady[1] * self.flops_per_sample / (self.peak * self.runtime.world_size)
+        steady_throughput = steady[0] / steady[1] if steady and steady[1] > 0 else None
+        utilization = mfu.model_flops_utilization(steady_throughput, self.flops_per_sample, self.world_peak)
         entry = {"epoch": epoch, "train_loss": train_loss, **metrics, "seconds": seconds,
-                 "samples_per_second": throughput, "mfu": mfu}
+                 "samples_per_second": throughput, "steady_samples_per_second": steady_throughput,
+                 "mfu": utilization}
         self.record["per_epoch"].append(entry)
         if self.runtime.is_main:
-            mfu_text = f"{mfu:.1%}" if mfu is not None else "n/a"
+            mfu_text = f"{utilization:.1%}" if utilization is not None else "n/a"
             print(
                 f"epoch {epoch}/{self.args.epochs}  train loss {train_loss:.4f}  "
                 f"test loss {metrics['test_loss']:.4f}  test accuracy {metrics['test_accuracy']:.2%}  "

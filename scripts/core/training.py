@@ -108,12 +108,13 @@ def sum_over_ranks(values, runtime):
 
 
 class TestSet:
-    """This rank's share of the test set as tensors: every world_size-th sample, no padding."""
+    """This rank's share of the test set as tensors: every world_size-th sample, no padding.
+    Each rank converts only its own share (an ImageFolder's images one by one, through
+    the data set's evaluation transform)."""
 
     def __init__(self, dataset, runtime):
-        images, labels = as_tensors(dataset)
-        shard = torch.as_tensor(evaluation_shard(dataset, runtime.rank, runtime.world_size).indices)
-        self.images, self.labels = images[shard].to(runtime.device), labels[shard].to(runtime.device)
+        images, labels = as_tensors(evaluation_shard(dataset, runtime.rank, runtime.world_size))
+        self.images, self.labels = images.to(runtime.device), labels.to(runtime.device)
         self.size = len(dataset)
 
 
@@ -125,8 +126,15 @@ def evaluate(model, test_set, runtime, batch_size):
     sample counts are then summed over ranks, so every test sample counts once.
     The plain model is used, not the DDP wrapper: a wrapped forward may sync
     buffers, and ranks whose shards differ by one batch would then wait forever.
+    Buffers (BatchNorm's running statistics) are first made rank 0's on every rank: each
+    rank updated its own from its own batches since DDP last copied rank 0's, and rank 0's
+    are the ones saved, so the scores are the saved model's. Training is unaffected
+    (BatchNorm trains on each batch's own statistics, and DDP copies rank 0's anyway).
     """
     model = unwrap(model)
+    if runtime.distributed and dist.get_world_size() > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
@@ -152,7 +160,8 @@ class Trainer:
         self.folder = Path(args.checkpoint_dir or REPO / "checkpoints" / (args.run_name or script))
         self.config = {"script": script, "model": args.model, "dataset": args.dataset, "world_size": runtime.world_size,
                        "batch_size": batches.batch_size, "accumulate": args.accumulate, "optimizer": args.optimizer,
-                       "seed": args.seed, "precision": args.precision}
+                       "seed": args.seed, "precision": args.precision,
+                       "trainable_parameters": sum(p.numel() for p in unwrap(model).parameters() if p.requires_grad)}
         # Where the run stands: the epoch in progress and its batches already trained.
         self.epoch, self.batches_done, self.global_step = 1, 0, 0
         self.resumed_partial = (0.0, 0)  # this rank's loss sum and samples of a resumed, unfinished epoch

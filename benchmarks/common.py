@@ -1,0 +1,95 @@
+"""What every benchmark shares: paths, the hardware a record was measured on, and where records go.
+
+Records are JSON files, one per benchmark run. By default they go to ``results/benchmarks/``
+(git-ignored); the ones the README quotes are kept in ``benchmarks/records/`` (pass
+``--records benchmarks/records``, or ``make benchmark RECORDS=benchmarks/records``).
+"""
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+DEFAULT_RECORDS = REPO / "results" / "benchmarks"
+COMMITTED_RECORDS = REPO / "benchmarks" / "records"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+import torch  # noqa: E402
+
+
+SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text):
+    """'1K' -> 1024, '256M' -> 268435456, '4096' -> 4096 (bytes, powers of 2)."""
+    unit = SIZE_UNITS.get(text[-1].upper())
+    return int(text[:-1]) * unit if unit else int(text)
+
+
+def format_size(size):
+    """268435456 -> '256 MiB'."""
+    for unit in ("G", "M", "K"):
+        if size >= SIZE_UNITS[unit] and size % SIZE_UNITS[unit] == 0:
+            return f"{size // SIZE_UNITS[unit]} {unit}iB"
+    return f"{size} B"
+
+
+def usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware():
+    """The machine and software a number was measured with (no host names, no paths)."""
+    info = {
+        "cpu": cpu_name(),
+        "cpu_cores": usable_cores(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpus": [],
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["cuda"] = torch.version.cuda
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return info
+
+
+def load_average():
+    """The 1-minute load average: other work on the machine while a number was taken."""
+    return round(os.getloadavg()[0], 2)
+
+
+def display_path(path):
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def write_record(records_dir, kind, record):
+    """Write ``record`` as ``<records_dir>/<kind>-<date>-<time>.json`` and say where."""
+    path = Path(records_dir) / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"record written to {display_path(path)}", flush=True)
+    return path
+
+
+def latest_record(records_dir, kind):
+    """The newest record of a kind in a folder, or None."""
+    paths = sorted(Path(records_dir).glob(f"{kind}-*.json"))
+    return json.loads(paths[-1].read_text()) if paths else None

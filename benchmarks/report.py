@@ -1,0 +1,318 @@
+"""Tables and targets from benchmark records: what `make benchmark` prints and the README quotes.
+
+    python benchmarks/report.py benchmarks/records/harness-20260101-120000.json   # print its tables
+    python benchmarks/report.py --update-readme                                    # refresh the README
+
+The README holds blocks of the form
+
+    <!-- record: benchmarks/records/NAME.json -->
+    ...tables rendered from that record...
+    <!-- /record -->
+
+and a test checks that each block is exactly what ``render`` makes of its committed record, so
+the README can quote only numbers that are in the repository.
+"""
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+BLOCK = re.compile(r"(<!-- record: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
+
+# The targets, each a ratio measured side by side in one harness run.
+DDP_VS_THREADS_GOAL = 0.95
+OVERLAP_VS_DDP_GOAL = 1.05
+RECIPE_SPEEDUP_GOAL = 20.0
+CPU_MFU_GOAL = 0.70
+
+
+def find(rows, **criteria):
+    """The first row matching every criterion, or None."""
+    return next((row for row in rows if all(row.get(k) == v for k, v in criteria.items())), None)
+
+
+def largest_world(rows, model):
+    sizes = [row["processes"] for row in rows if row["model"] == model and row["role"] == "scaling"
+             and row["method"] not in ("one process", "DataParallel")]
+    return max(sizes, default=None)
+
+
+def target(name, measured, goal, met, note=""):
+    return {"name": name, "measured": measured, "goal": goal, "met": met, "note": note}
+
+
+def skipped(name, goal, why):
+    return target(name, None, goal, None, why)
+
+
+def check_targets(record):
+    """Each target as measured in this record: met True/False, or None with the reason it was not judged."""
+    rows, gpus = record["rows"], record["machine"]["gpus"]
+    model = "net"
+    world = largest_world(rows, model)
+    step = {m: (find(rows, model=model, method=m, processes=world, role="scaling") or {}).get("step_seconds")
+            for m in ("all_reduce per-parameter", "all_reduce bucket", "all_reduce overlap",
+                      "all_reduce overlap-bucket", "DDP")}
+    targets = [ddp_against_threads(rows, gpus, world), *overlap_targets(step, world),
+               recipe_speedup(rows, gpus), baseline_mfu(rows, gpus, record["machine"]["cores"])]
+    return [unjudged_when_busy(t, record) for t in targets]
+
+
+def oversubscribed(record):
+    """The highest load average while measuring, if it exceeded the CPU cores (else None). On a CPU
+    run, more runnable work than cores means the runs shared their cores with other jobs."""
+    load = (record.get("load_average") or {}).get("max")
+    cores = record["machine"]["cores"]
+    return load if load is not None and not record["machine"]["gpus"] and load > cores else None
+
+
+def unjudged_when_busy(measured, record):
+    """A ratio measured while other work outnumbered the cores is shown, but not judged."""
+    load = oversubscribed(record)
+    if load is None or measured["met"] is None:
+        return measured
+    return {**measured, "met": None,
+            "note": f"not judged: load average up to {load:.1f} on {record['machine']['cores']} cores"}
+
+
+def ddp_against_threads(rows, gpus, world):
+    name = f"DDP {world} processes x 1 thread / 1 process x {world} threads, same global batch"
+    goal = f">= {DDP_VS_THREADS_GOAL}"
+    if gpus:
+        return skipped(name, goal, "a CPU target")
+    ddp = find(rows, model="net", method="DDP", processes=world, role="scaling")
+    single = find(rows, model="net", method="one process", role="same global batch")
+    if not (ddp and single):
+        return skipped(name, goal, "DDP or the one-process run is missing")
+    ratio = ddp["samples_per_second"] / single["samples_per_second"]
+    return target(name, ratio, goal, ratio >= DDP_VS_THREADS_GOAL)
+
+
+def overlap_targets(step, world):
+    per_parameter, bucket = step["all_reduce per-parameter"], step["all_reduce bucket"]
+    overlapped, ddp = step["all_reduce overlap-bucket"], step["DDP"]
+    results = []
+    name = f"overlap-bucket step / DDP step, {world} processes"
+    goal = f"<= {OVERLAP_VS_DDP_GOAL}"
+    if overlapped and ddp:
+        results.append(target(name, overlapped / ddp, goal, overlapped / ddp <= OVERLAP_VS_DDP_GOAL))
+        results.append(target("after-backward bucket step / overlap-bucket step", bucket / overlapped, "> 1",
+                              bucket > overlapped))
+    else:
+        why = "train_allreduce.py has no --mode overlap-bucket yet"
+        results += [skipped(name, goal, why), skipped("after-backward bucket step / overlap-bucket step", "> 1", why)]
+    others = [s for m, s in step.items() if s and m != "all_reduce per-parameter"]
+    if per_parameter and others:
+        results.append(target("per-parameter step / slowest other method's step", per_parameter / max(others), "> 1",
+                              per_parameter > max(others)))
+    else:
+        results.append(skipped("per-parameter step / slowest other method's step", "> 1", "not measured"))
+    return results
+
+
+def recipe_speedup(rows, gpus):
+    name, goal = "one GPU: course baseline samples/s / seed-004 recipe samples/s", f">= {RECIPE_SPEEDUP_GOAL:.0f}"
+    if not gpus:
+        return skipped(name, goal, "a GPU target: no GPU here")
+    course = find(rows, model="net", method="one process", processes=1, role="scaling")
+    recipe = find(rows, model="net", method="one process, seed-004 recipe", role="scaling")
+    if not (course and recipe):
+        return skipped(name, goal, "a run is missing")
+    ratio = course["samples_per_second"] / recipe["samples_per_second"]
+    return target(name, ratio, goal, ratio >= RECIPE_SPEEDUP_GOAL)
+
+
+def baseline_mfu(rows, gpus, cores):
+    name, goal = f"CPU baseline (1 process x {cores} threads): share of the measured matrix-product peak", \
+        f">= {CPU_MFU_GOAL}"
+    if gpus:
+        return skipped(name, goal, "a CPU target")
+    row = find(rows, model="net", method="one process", processes=1, threads=cores, role="scaling")
+    if not row or row.get("mfu") is None:
+        return skipped(name, goal, "the record has no MFU")
+    return target(name, row["mfu"], goal, row["mfu"] >= CPU_MFU_GOAL)
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+def machine_line(record):
+    hw = record["hardware"]
+    gpus = f"{len(hw['gpus'])} x {hw['gpus'][0]}" if hw.get("gpus") else "no GPU"
+    return f"{hw['cpu']}, {hw['cpu_cores']} cores, {gpus}, torch {hw['torch']}"
+
+
+def layout_text(row, gpus):
+    if gpus:
+        return f"{gpus} GPUs, 1 process" if row["method"] == "DataParallel" else f"{row['processes']} x 1 GPU"
+    return f"{row['processes']} x {row['threads']} thread{'s' if row['threads'] > 1 else ''}"
+
+
+def devices_used(row, gpus):
+    if gpus:
+        return gpus if row["method"] == "DataParallel" else row["processes"]
+    return row["processes"] * row["threads"]
+
+
+def compute_reference(rows, row, gpus):
+    """The step of the same layout with no communication (see harness.py), or None."""
+    if row["method"] in ("one process", "one process, seed-004 recipe", "DataParallel"):
+        return row["step_seconds"] if row["method"] != "DataParallel" else None
+    if gpus:
+        single = find(rows, model=row["model"], method="one process", processes=1, batch_size=row["batch_size"])
+    else:
+        single = find(rows, model=row["model"], role="compute only", processes=row["processes"],
+                      threads=row["threads"], batch_size=row["batch_size"])
+    return single["step_seconds"] if single else None
+
+
+def step_split(rows, row, gpus):
+    compute = compute_reference(rows, row, gpus)
+    total = row["step_seconds"] * 1e3
+    if compute is None:
+        return f"{total:.0f}"
+    if compute * 1e3 > total:  # other work slowed the runs unevenly: the difference means nothing
+        return f"{total:.0f} (no split: the step without communication took {compute * 1e3:.0f})"
+    return f"{total:.0f} = {compute * 1e3:.0f} + {total - compute * 1e3:.0f}"
+
+
+def percent(value):
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def seconds(value):
+    return "not reached" if value is None else f"{value:.1f} s"
+
+
+def scaling_table(record, model):
+    rows, gpus = record["rows"], record["machine"]["gpus"]
+    unit = find(rows, model=model, method="one process", processes=1, threads=1 if not gpus else None, role="scaling")
+    target_accuracy = record["models"][model]["target_accuracy"]
+    lines = [f"| method | processes x {'GPUs' if gpus else 'threads'} | global batch | samples/s | s/epoch "
+             f"| step ms = compute + communication | MFU | time to {target_accuracy:.0%} | scaling efficiency |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row["model"] != model or row["role"] == "compute only":
+            continue
+        efficiency = (f"{row['samples_per_second'] / (devices_used(row, gpus) * unit['samples_per_second']):.0%}"
+                      if unit else "n/a")
+        lines.append(f"| {row['method']} | {layout_text(row, gpus)} | {row['global_batch_size']:.0f} "
+                     f"| {row['samples_per_second']:,.0f} | {row['seconds_per_epoch']:.2f} "
+                     f"| {step_split(rows, row, gpus)} "
+                     f"| {percent(row['mfu'])} | {seconds(row['time_to_target'])} | {efficiency} |")
+    return "\n".join(lines)
+
+
+def targets_table(targets):
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in targets:
+        measured = "-" if t["measured"] is None else f"{t['measured']:.2f}"
+        met = {True: "yes", False: "**no**", None: t["note"] if t["note"].startswith("not judged") else
+               f"not measured: {t['note']}"}[t["met"]]
+        lines.append(f"| {t['name']} | {measured} | {t['goal']} | {met} |")
+    return "\n".join(lines)
+
+
+def render_harness(record):
+    load = record["load_average"]["max"]
+    parts = [f"{machine_line(record)}; median of {record['repeats']} repeats; "
+             f"highest 1-minute load average while measuring: {load:.2f}."]
+    for model, spec in record["models"].items():
+        if any(row["model"] == model for row in record["rows"]):
+            parts += [f"\n**{spec['description']}**, {record['epochs'][model]} epochs per run, "
+                      f"batch {spec['batch_size']} per process:\n", scaling_table(record, model)]
+    parts += ["\n**Targets**\n", targets_table(check_targets(record))]
+    if record["skipped"]:
+        parts.append("\nSkipped (not accepted by the scripts yet, or not on this machine):\n")
+        parts += [f"- {name}: {why}" for name, why in record["skipped"].items()]
+    return "\n".join(parts)
+
+
+def render_allreduce(record):
+    lines = [f"{machine_line(record)}; {record['world_size']} processes, {record['backend']}, "
+             f"{record['threads_per_process']} thread each; load average {record['load_average'][0]:.2f} before, "
+             f"{record['load_average'][1]:.2f} after.\n",
+             "| message | time | algbw GB/s | busbw GB/s |", "|---|---|---|---|"]
+    for row in record["sizes"]:
+        lines.append(f"| {common.format_size(row['bytes'])} | {row['seconds'] * 1e6:,.0f} us | {row['algbw_gbps']:.3f} "
+                     f"| {row['busbw_gbps']:.3f} |")
+    g = record["gradients"]
+    lines.append(f"\nThe course's own gradient all_reduce ({g['model']}: {g['tensors']} tensors, "
+                 f"{g['bytes'] / 2**20:.1f} MiB): one bucket {g['bucket']['seconds'] * 1e3:.1f} ms "
+                 f"({g['bucket']['busbw_gbps']:.2f} GB/s busbw), one all_reduce per parameter "
+                 f"{g['per-parameter']['seconds'] * 1e3:.1f} ms ({g['per-parameter']['busbw_gbps']:.2f} GB/s).")
+    return "\n".join(lines)
+
+
+def render_time_to_accuracy(record):
+    lines = [f"{machine_line(record)}; {record['threads']} threads; median of {record['repeats']} seeds; "
+             f"load average {record['load_average'][0]:.2f} before, {record['load_average'][1]:.2f} after.\n",
+             "| recipe | data path | optimizer | median time | median steps |", "|---|---|---|---|---|"]
+    for name, summary in record["summary"].items():
+        loader, optimizer, lr, batch = record["recipes"][name]
+        path = {"dataloader": "DataLoader, per-sample transforms", "tensor": "whole set in memory"}[loader]
+        lines.append(f"| {name} | {path} | {optimizer} lr {lr:g}, batch {batch} "
+                     f"| {seconds(summary['median_seconds'])} | {summary['median_steps']:.0f} |")
+    return "\n".join(lines)
+
+
+def render_cpu_profile(record):
+    seconds, flops, peak = record["seconds_per_step"], record["flops_per_step"], record["peak_flops"]
+    total = sum(seconds.values())
+    lines = [f"{machine_line(record)}; {record['threads']} threads, batch {record['batch_size']}, "
+             f"{record['steps']} steps profiled; matrix-product peak {peak / 1e9:.0f} GFLOP/s; load average "
+             f"{record['load_average'][0]:.2f} before, {record['load_average'][1]:.2f} after.\n",
+             "| part of the step | ms per step | share | GFLOP/s | share of the peak |", "|---|---|---|---|---|"]
+    names = {"convolution": "convolutions (forward and backward)", "matmul": "linear layers' matrix products",
+             "elementwise and pooling": "element-wise, pooling, dropout, loss", "optimizer": "optimizer (Adam)"}
+    for group, name in names.items():
+        rate = flops.get(group, 0) / seconds[group] if group in flops else None
+        achieved = "-" if rate is None else f"{rate / 1e9:.0f}"
+        share_of_peak = "-" if rate is None else f"{rate / peak:.0%}"
+        lines.append(f"| {name} | {seconds[group] * 1e3:.1f} | {seconds[group] / total:.0%} | {achieved} "
+                     f"| {share_of_peak} |")
+    rate = sum(flops.values()) / total
+    lines.append(f"| the whole step | {total * 1e3:.1f} | 100% | {rate / 1e9:.0f} | {rate / peak:.0%} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"harness": render_harness, "allreduce_bandwidth": render_allreduce,
+             "time_to_accuracy": render_time_to_accuracy, "cpu_step_profile": render_cpu_profile}
+
+
+def render(record):
+    return RENDERERS[record["benchmark"]](record)
+
+
+def readme_blocks(text):
+    """(record path, the README's body, the body its record renders to) for each block."""
+    for match in BLOCK.finditer(text):
+        record = json.loads((REPO / match["path"]).read_text())
+        yield match["path"], match["body"], render(record) + "\n"
+
+
+def update_readme():
+    text = README.read_text()
+    text = BLOCK.sub(lambda m: m[1] + render(json.loads((REPO / m["path"]).read_text())) + "\n" + m[4], text)
+    README.write_text(text)
+    print("README.md: every record block rendered again from its record")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("records", nargs="*", type=Path, help="records to print as tables")
+    parser.add_argument("--update-readme", action="store_true", help="render README.md's record blocks again")
+    args = parser.parse_args()
+    if args.update_readme:
+        update_readme()
+    for path in args.records:
+        print(render(json.loads(path.read_text())) + "\n")
+
+
+if __name__ == "__main__":
+    main()

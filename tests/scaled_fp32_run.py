@@ -1,0 +1,25 @@
+"""train_single.py with its GradScaler switched on for fp32 on a CPU, growing every step.
+
+fp16, the only precision that enables the scaler, needs a GPU; this run lets a CPU test see
+the checkpoint path carry a real, changing scaler state. The scaler is PyTorch's own
+``torch.amp.GradScaler("cpu")``; only its settings differ: the scale starts at 2**10 and
+doubles after every step without inf/NaN gradients (growth_interval=1), so the scale
+tells how many steps it has seen. Run with scripts/ on PYTHONPATH.
+"""
+import torch
+
+import train_single
+from core import cli, training
+
+INITIAL_SCALE = 2.0 ** 10
+
+
+class GrowingScalerFP32(training.Precision):
+    def __init__(self, name, device):
+        super().__init__(name, device)
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=INITIAL_SCALE, growth_interval=1)
+
+
+if __name__ == "__main__":
+    training.Precision = GrowingScalerFP32  # the Trainer builds its Precision from this module's name
+    cli.run(train_single.main)

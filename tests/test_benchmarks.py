@@ -1,0 +1,322 @@
+"""The benchmark harness, its targets and tables, the all_reduce micro-benchmark, the figures, and
+`make gpu-check` on a machine without a GPU.
+
+No test here judges a speed: the numbers come from whatever this machine does right now, and only
+their consistency is checked (a ratio is the ratio of the numbers it is made of, busbw follows its
+formula, a record says where it ran). The targets live in the benchmark records.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_ok, script_env
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import allreduce_bandwidth  # noqa: E402
+import common  # noqa: E402
+import harness  # noqa: E402
+import report  # noqa: E402
+
+
+def run_benchmark(script, *args, timeout=600, env=None):
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=REPO,
+                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def only_record(folder, kind):
+    paths = list(Path(folder).glob(f"{kind}-*.json"))
+    assert len(paths) == 1, paths
+    return json.loads(paths[0].read_text())
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+def layouts(runs, role="scaling"):
+    return {(r.method.name, r.layout.processes, r.layout.threads, r.layout.batch_size) for r in runs if r.role == role}
+
+
+def test_cpu_plan_holds_processes_times_threads_to_the_cores():
+    machine = harness.Machine(gpus=0, cores=2)
+    net = harness.MODELS[0]
+    runs = harness.plan(harness.METHODS, [net], machine)
+    assert layouts(runs) >= {("one process", 1, 1, 64), ("one process", 1, 2, 64), ("DDP", 2, 1, 64),
+                             ("all_reduce per-parameter", 2, 1, 64), ("all_reduce bucket", 2, 1, 64)}
+    assert all(r.layout.processes * r.layout.threads <= 2 for r in runs)
+    assert layouts(runs, "same global batch") == {("one process", 1, 2, 128)}
+    assert layouts(runs, "compute only") == {("one process", 2, 1, 64)}
+    assert "DataParallel" in machine.skipped and not any(r.method.name == "DataParallel" for r in runs)
+
+
+def test_plan_on_six_cores_and_on_four_gpus():
+    assert harness.process_counts(harness.Machine(gpus=0, cores=6)) == [2, 3, 6]
+    machine = harness.Machine(gpus=4, cores=16)
+    runs = harness.plan(harness.METHODS, [harness.MODELS[0]], machine)
+    assert {r.layout.processes for r in runs if r.method.name == "DDP"} == {1, 2, 4}
+    assert any(r.method.name == "DataParallel" for r in runs) and not machine.skipped
+    assert all(r.layout.threads is None for r in runs) and not layouts(runs, "compute only")
+
+
+def test_compute_only_runs_take_the_steps_of_one_distributed_process():
+    net = harness.MODELS[0]
+    run = harness.Run(harness.METHODS[0], net, harness.Layout(2, 1, 64), "compute only")
+    assert harness.steps_per_process(run, net) == 32  # 4,000 samples / 2 processes / 64 per batch
+    command = harness.command(run, "/tmp/x", "name", epochs=2)
+    assert command[-2:] == ["--max-steps", "32"] and "--threads" in command
+
+
+def test_not_accepted_is_told_from_a_failure():
+    argparse_error = "usage: train_allreduce.py [-h]\ntrain_allreduce.py: error: argument --mode: invalid choice: 'x'"
+    assert harness.why_not_accepted(argparse_error).startswith("train_allreduce.py: error: argument --mode")
+    assert harness.why_not_accepted("error: unknown --model 'vit'; choose one of: net") is not None
+    assert harness.why_not_accepted("Traceback (most recent call last):\nRuntimeError: boom") is None
+
+
+def test_an_entry_the_scripts_do_not_accept_is_skipped_and_said(tmp_path):
+    """Real runs of the scripts with a mode and a data set they do not know: skipped, with their reason."""
+    machine = harness.Machine(gpus=0, cores=2)
+    net = harness.MODELS[0]
+    unknown_mode = harness.Method("no such mode", "train_allreduce.py", True, ("--mode", "no-such-mode"))
+    run = harness.Run(unknown_mode, net, harness.Layout(2, 1, 64), "scaling")
+    assert harness.run_once(run, tmp_path, "a", 1, machine) is None
+    assert "invalid choice: 'no-such-mode'" in machine.skipped["no such mode (net)"]
+    no_data = harness.Model("nodata", "a data set the scripts lack", ("--dataset", "no-such-data"), 64, 1, 0.5, 100)
+    run = harness.Run(harness.METHODS[0], no_data, harness.Layout(1, 1, 64), "scaling")
+    assert harness.run_once(run, tmp_path, "b", 1, machine) is None
+    assert "no-such-data" in machine.skipped["model nodata"]
+    ddp = next(m for m in harness.METHODS if m.name == "DDP")
+    assert harness.is_skipped(harness.Run(ddp, no_data, harness.Layout(2, 1, 64), "scaling"), machine)
+
+
+def test_a_real_failure_is_not_taken_for_a_skip(tmp_path):
+    machine = harness.Machine(gpus=0, cores=2)
+    broken = harness.Method("broken", "train_single.py", False, ("--timeout", "0"))  # argparse: must be >= 1
+    run = harness.Run(broken, harness.MODELS[0], harness.Layout(1, 1, 64), "scaling")
+    with pytest.raises(RuntimeError, match="failed"):
+        harness.run_once(run, tmp_path, "c", 1, machine)
+
+
+def test_harness_runs_the_course_scripts_and_writes_one_record(tmp_path):
+    done = run_benchmark("harness.py", "--methods", "one process", "DDP", "--models", "net", "--repeats", "1",
+                         "--epochs", "2", "--max-steps", "3", "--records", tmp_path)
+    assert_ok(done)
+    record = only_record(tmp_path, "harness")
+    assert record["machine"] == {"gpus": 0, "cores": common.usable_cores()}
+    rows = {(r["method"], r["role"], r["processes"], r["threads"]): r for r in record["rows"]}
+    ddp, single = rows[("DDP", "scaling", 2, 1)], rows[("one process", "same global batch", 1, 2)]
+    assert ddp["global_batch_size"] == single["global_batch_size"] == 128
+    assert ddp["step_seconds"] == pytest.approx(128 / ddp["samples_per_second"])  # a batch of 64 on each of 2
+    assert ddp["seconds_per_epoch"] == pytest.approx(3 * ddp["step_seconds"])  # --max-steps 3
+    compute_only = rows[("one process", "compute only", 2, 1)]
+    assert compute_only["global_batch_size"] == 128  # two independent processes of 64
+    first = report.ddp_against_threads(record["rows"], 0, 2)
+    assert first["measured"] == pytest.approx(ddp["samples_per_second"] / single["samples_per_second"])
+    assert "| DDP | 2 x 1 thread | 128 |" in done.stdout and "**Targets**" in done.stdout
+    assert "overlap-bucket" in done.stdout  # the overlap targets say why they were not measured
+
+
+# ---- targets and tables -----------------------------------------------------------------------
+
+def synthetic_record(steps, mfu=0.35):
+    """A harness record with the given step seconds per method (2 processes x 1 thread)."""
+    rows = [dict(model="net", method="one process", role="same global batch", processes=1, threads=2, batch_size=128,
+                 samples_per_second=1000.0, step_seconds=0.128, mfu=None),
+            dict(model="net", method="one process", role="scaling", processes=1, threads=2, batch_size=64,
+                 samples_per_second=950.0, step_seconds=0.067, mfu=mfu)]
+    for method, seconds in steps.items():
+        rows.append(dict(model="net", method=method, role="scaling", processes=2, threads=1, batch_size=64,
+                         samples_per_second=128 / seconds, step_seconds=seconds, mfu=None))
+    return {"rows": rows, "machine": {"gpus": 0, "cores": 2}}
+
+
+def targets_by_name(record):
+    return {t["name"].split(",")[0]: t for t in report.check_targets(record)}
+
+
+def test_targets_from_a_record_where_all_are_met():
+    record = synthetic_record({"all_reduce per-parameter": 0.2, "all_reduce bucket": 0.14,
+                               "all_reduce overlap-bucket": 0.13, "DDP": 0.128}, mfu=0.71)
+    targets = report.check_targets(record)
+    assert [t["met"] for t in targets] == [True, True, True, True, None, True]
+    assert targets[0]["measured"] == pytest.approx(1.0)  # 128 / 0.128 samples/s against 1,000
+    assert targets[1]["measured"] == pytest.approx(0.13 / 0.128)
+    assert "no GPU" in targets[4]["note"]
+
+
+def test_targets_that_are_missed_or_cannot_be_measured_say_so():
+    record = synthetic_record({"all_reduce per-parameter": 0.1, "all_reduce bucket": 0.14, "DDP": 0.2}, mfu=0.3)
+    targets = report.check_targets(record)
+    assert targets[0]["met"] is False  # 640 against 1,000 samples/s
+    assert targets[1]["met"] is None and "overlap-bucket" in targets[1]["note"]
+    assert targets[3]["met"] is False  # per parameter was not the slowest here
+    assert targets[5]["met"] is False and targets[5]["measured"] == 0.3
+    table = report.targets_table(targets)
+    assert "| **no** |" in table and "not measured: train_allreduce.py has no --mode overlap-bucket yet" in table
+
+
+def test_targets_measured_on_a_busy_machine_are_shown_but_not_judged():
+    record = synthetic_record({"all_reduce per-parameter": 0.2, "all_reduce bucket": 0.14, "DDP": 0.128}, mfu=0.71)
+    record["load_average"] = {"max": 2.5, "samples": [1.0, 2.5]}  # more runnable work than the 2 cores
+    targets = report.check_targets(record)
+    assert targets[0]["measured"] == pytest.approx(1.0) and targets[0]["met"] is None
+    assert targets[0]["note"] == "not judged: load average up to 2.5 on 2 cores"
+    assert "overlap-bucket" in targets[1]["note"]  # not measured stays not measured
+    record["load_average"]["max"] = 1.9
+    assert report.check_targets(record)[0]["met"] is True
+
+
+def test_step_split_subtracts_the_step_without_communication():
+    rows = [dict(model="net", method="DDP", role="scaling", processes=2, threads=1, batch_size=64, step_seconds=0.080),
+            dict(model="net", method="one process", role="compute only", processes=2, threads=1, batch_size=64,
+                 step_seconds=0.070)]
+    assert report.step_split(rows, rows[0], gpus=0) == "80 = 70 + 10"
+    assert report.step_split(rows[:1], rows[0], gpus=0) == "80"  # no reference measured: no split shown
+    rows[1]["step_seconds"] = 0.090  # the step without communication was slower: nothing to subtract
+    assert report.step_split(rows, rows[0], gpus=0) == "80 (no split: the step without communication took 90)"
+
+
+def test_cpu_profile_table_shares_and_rates():
+    record = {"hardware": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2.x", "gpus": []}, "threads": 2,
+              "batch_size": 64, "steps": 30, "peak_flops": 200e9, "load_average": [0.1, 0.2],
+              "seconds_per_step": {"convolution": 0.04, "matmul": 0.01, "elementwise and pooling": 0.03,
+                                   "optimizer": 0.02},
+              "flops_per_step": {"convolution": 4e9, "matmul": 0.5e9}}
+    table = report.render_cpu_profile(record)
+    assert "| convolutions (forward and backward) | 40.0 | 40% | 100 | 50% |" in table
+    assert "| linear layers' matrix products | 10.0 | 10% | 50 | 25% |" in table
+    assert "| the whole step | 100.0 | 100% | 45 | 22% |" in table
+
+
+def test_readme_quotes_exactly_the_committed_records():
+    """Every README block names a committed record and shows what that record renders to."""
+    text = (REPO / "README.md").read_text()
+    blocks = list(report.readme_blocks(text))
+    assert {Path(path).name.split("-")[0] for path, _, _ in blocks} >= {"harness", "allreduce", "time_to_accuracy"}
+    for path, body, rendered in blocks:
+        assert path.startswith("benchmarks/records/"), path
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=REPO, capture_output=True)
+        assert tracked.returncode == 0, f"{path} is quoted by the README but not committed"
+        assert body == rendered, f"README block of {path} differs from its record: benchmarks/report.py --update-readme"
+
+
+# ---- all_reduce bandwidth ---------------------------------------------------------------------
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert allreduce_bandwidth.bus_bandwidth(10.0, 2) == 10.0  # 2 ranks: 2(n-1)/n = 1
+    assert allreduce_bandwidth.bus_bandwidth(10.0, 4) == 15.0
+    assert allreduce_bandwidth.bus_bandwidth(10.0, 8) == 17.5
+    assert allreduce_bandwidth.bus_bandwidth(10.0, 1) == 0.0  # one rank: nothing crosses a link
+
+
+def test_sizes_and_repeats():
+    assert common.parse_size("1K") == 1024 and common.parse_size("256M") == 256 * 2**20
+    assert common.format_size(256 * 2**20) == "256 MiB" and common.format_size(1000) == "1000 B"
+    sizes = allreduce_bandwidth.message_sizes(common.parse_size("1K"), common.parse_size("256M"), 4)
+    assert sizes[0] == 1024 and sizes[-1] == 256 * 2**20 and len(sizes) == 10
+    assert allreduce_bandwidth.iterations_for(2**30, 2**30) == 5
+    assert allreduce_bandwidth.iterations_for(1024, 2**30) == 200
+
+
+def test_allreduce_benchmark_runs_on_gloo_and_compares_the_gradient_bucket(tmp_path):
+    done = run_benchmark("allreduce_bandwidth.py", "--max-bytes", "64K", "--budget", "256K", "--records", tmp_path)
+    assert_ok(done)
+    record = only_record(tmp_path, "allreduce")
+    assert (record["world_size"], record["backend"]) == (2, "gloo")
+    assert [row["bytes"] for row in record["sizes"]] == [1024, 4096, 16384, 65536]
+    for row in record["sizes"]:
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])  # n = 2
+    gradients = record["gradients"]
+    assert (gradients["tensors"], gradients["bytes"]) == (8, 1_199_882 * 4)  # the Net: 8 tensors, 4.6 MiB
+    assert "the course's gradient all_reduce (net, 8 tensors, 4.6 MiB)" in done.stdout
+
+
+# ---- time to accuracy, figures ------------------------------------------------------------------
+
+def test_time_to_accuracy_writes_a_record_with_medians(tmp_path):
+    done = run_benchmark("time_to_accuracy.py", "--repeats", 1, "--max-epochs", 1, "--target", 0.5,
+                         "--records", tmp_path)
+    assert_ok(done)
+    record = only_record(tmp_path, "time_to_accuracy")
+    for name, runs in record["runs"].items():
+        assert record["summary"][name]["median_seconds"] == runs[0]["seconds"]
+    assert "| seed-recipe |" in done.stdout
+
+
+def test_figures_from_the_committed_records(tmp_path):
+    done = run_benchmark("plots.py", "--records", REPO / "benchmarks" / "records", "--figs", tmp_path)
+    assert_ok(done)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "allreduce_bandwidth.png", "benchmark_scaling.png", "benchmark_step_split.png"]
+
+
+# ---- make gpu-check -----------------------------------------------------------------------------
+
+def gpu_check(*args, env=None):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), *map(str, args)], cwd=REPO,
+                          env=env or script_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_gpu_check_plans_every_step_for_four_gpus():
+    done = gpu_check("--dry-run", "--gpus", 4)
+    assert_ok(done)
+    out = done.stdout
+    assert out.count("--nproc-per-node=4") == 4  # all_reduce x 2, DDP, equivalence
+    assert "3 DataParallel over 4 GPU(s)" in out and "--pin-memory" in out and "--device cuda:0" in out
+    assert "NVIDIA_TF32_OVERRIDE=0" in out and "allreduce_bandwidth.py" in out and "harness.py" in out
+
+
+def test_gpu_check_on_one_gpu_runs_each_step_with_one_process():
+    out = gpu_check("--dry-run", "--gpus", 1).stdout
+    assert out.count("--nproc-per-node=1") == 3 and "verify_equivalence" not in out
+
+
+BLOCK_EXTRAS = '''
+import sys
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"pytest", "nbval", "jupyter", "jupyter_core", "IPython", "nbformat", "nbconvert"}:
+            raise ImportError(f"{name} is not in a plain python3")
+sys.meta_path.insert(0, Blocker())
+'''
+
+
+def test_make_gpu_check_without_a_gpu_runs_the_cpu_fallback_with_plain_packages(tmp_path):
+    """`make gpu-check` as a user runs it, with anything beyond torch, torchvision, tqdm and matplotlib
+    made unimportable: the fallback runs every step on the CPU, checks each record and says that the
+    GPU path was not checked."""
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCK_EXTRAS)
+    env = script_env()
+    env["PYTHONPATH"] = str(tmp_path / "blocker")
+    done = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PY={sys.executable}",
+                           f"RECORDS={tmp_path / 'records'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert_ok(done)
+    assert "the GPU path is NOT checked" in done.stdout and "GPU path NOT checked" in done.stdout
+    record = only_record(tmp_path / "records", "gpu-check")
+    assert record["passed"] and record["gpus"] == 0
+    names = [step["step"] for step in record["steps"]]
+    assert len(names) == 7 and names[0].startswith("1 one process") and names[-1].startswith("4 the checkpoint")
+    ddp = next(step for step in record["steps"] if step["step"].startswith("4 DDP"))
+    assert ddp["record"]["backend"] == "gloo" and ddp["record"]["world_size"] == 2 and all(ddp["checks"].values())
+
+
+def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
+    """A python3 without torch (here: the same interpreter without its site-packages, -S) gets one line."""
+    done = subprocess.run([sys.executable, "-S", str(REPO / "scripts" / "gpu_check.py"), "--dry-run"], cwd=REPO,
+                          env=script_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "has no torch, torchvision, tqdm, matplotlib" in done.stderr
+    assert "make gpu-check PY=" in done.stderr
+
+
+def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
+    assert allreduce_bandwidth.without_nproc(["--nproc", "2", "--max-bytes", "4K", "--nproc=3"]) == ["--max-bytes", "4K"]
+    done = run_benchmark("allreduce_bandwidth.py", "--nproc", 2, "--device", "cpu", "--max-bytes", "4K",
+                         "--budget", "16K", "--records", tmp_path)
+    assert_ok(done)
+    record = only_record(tmp_path, "allreduce")
+    assert (record["world_size"], record["backend"], record["device"]) == (2, "gloo", "cpu")

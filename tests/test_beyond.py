@@ -1,0 +1,208 @@
+"""Beyond the defaults (scripts/beyond_demos.py, own_ddp.py and the Trainer's options): every
+claim of notebook 07 checked against what a real 2-process gloo run did.
+
+The demos run once for the module; the other tests start the training scripts themselves.
+"""
+import subprocess
+
+import pytest
+import torch
+
+from conftest import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
+                      run_torchrun, script_env)
+from core import models
+from own_ddp import buckets_in_reverse_order
+
+K = 4  # micro-batches per optimizer step in the accumulate demo
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("beyond") / "observed.json"
+    done = run_torchrun("beyond_demos.py", "--micro-batches", K, "--json", out)
+    assert_ok(done)
+    return read_json(out)
+
+
+# ------------------------------------------------------------ your own DDP, with overlap
+
+def test_overlap_starts_one_all_reduce_per_parameter_every_step(observed):
+    parameters = len(list(models.Net().parameters()))
+    assert observed["overlap"]["overlap"]["all_reduces_per_step"] == [parameters, parameters]
+
+
+def test_overlap_bucket_starts_one_all_reduce_per_bucket_every_step(observed):
+    buckets = buckets_in_reverse_order(models.Net(), 1.0)
+    assert len(buckets) == 2  # [fc2, fc1] and [conv2, conv1], as DDP's buckets for this Net
+    assert observed["overlap"]["overlap-bucket"]["all_reduces_per_step"] == [2, 2]
+
+
+def test_overlap_modes_start_communicating_before_backward_has_finished(observed):
+    """Proof of overlap from the order of events: an all_reduce started while gradients were
+    still being computed."""
+    assert observed["overlap"]["overlap"]["started_before_last_gradient"] == 7  # all but conv1.bias's own
+    assert observed["overlap"]["overlap-bucket"]["started_before_last_gradient"] == 1  # the [fc2, fc1] bucket
+    events = observed["overlap"]["overlap"]["events"]
+    assert events.index("  gradient ready: fc2.bias") < events.index("  -> all_reduce started (10 numbers)") \
+        < events.index("  gradient ready: fc2.weight")
+
+
+def test_the_overlap_check_can_fail_after_backward_averaging_does_not_overlap(observed):
+    """The control: step 2's bucket starts only after backward returned, and the check says so."""
+    bucket = observed["overlap"]["bucket"]
+    assert bucket["all_reduces_per_step"] == [1, 1] and bucket["started_before_last_gradient"] == 0
+    assert bucket["events"].index("  backward() returned") < bucket["events"].index(
+        "  -> all_reduce started (1,199,882 numbers)")
+
+
+@pytest.mark.parametrize("mode", ["bucket", "overlap", "overlap-bucket"])
+def test_every_mode_leaves_the_same_gradients_on_every_rank(observed, mode):
+    assert observed["overlap"][mode]["gradient_spread"] == 0.0
+
+
+def test_train_allreduce_trains_with_the_overlap_modes(results_dir, tmp_path):
+    for mode in ("overlap", "overlap-bucket"):
+        done = run_torchrun("train_allreduce.py", "--mode", mode, "--epochs", 1, "--max-steps", 3,
+                            "--results-dir", results_dir, "--run-name", mode, "--checkpoint-dir", tmp_path / mode)
+        assert_ok(done)
+        assert read_json(results_dir / f"{mode}.json")["per_epoch"][0]["train_loss"] > 0
+
+
+# ------------------------------------------------------------ gradient accumulation with no_sync
+
+@pytest.mark.parametrize("way", ["no_sync", "without no_sync"])
+def test_accumulating_k_micro_batches_equals_one_step_on_the_k_times_larger_batch(observed, way):
+    assert observed["accumulate"][way]["largest_difference"] < 1e-6
+
+
+def test_no_sync_synchronises_once_per_optimizer_step_and_without_it_k_times(observed):
+    accumulate = observed["accumulate"]
+    assert accumulate["no_sync"]["syncs_per_step"] == [1, 1, 1]
+    assert accumulate["without no_sync"]["syncs_per_step"] == [K, K, K]
+    assert accumulate["without no_sync"]["numbers_per_step"] == K * accumulate["no_sync"]["numbers_per_step"]
+
+
+@pytest.mark.parametrize("script, mode", [("train_ddp.py", ()), ("train_allreduce.py", ("--mode", "overlap-bucket"))])
+def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path, script, mode):
+    """--accumulate 2 with batches of 16 per rank is one step on 32 per rank: the same weights.
+    (DDP and the hand-written overlap both skip the sync inside no_sync.)"""
+    common = ("--epochs", 1, "--max-steps", 3, "--optimizer", "sgd", "--no-dropout", "--results-dir", tmp_path / "r",
+              *mode)
+    for name, extra in (("accumulated", ("--batch-size", 16, "--accumulate", 2)), ("large", ("--batch-size", 32))):
+        assert_ok(run_torchrun(script, *common, *extra, "--run-name", name,
+                               "--checkpoint-dir", tmp_path / name, "--save", tmp_path / f"{name}.pt"))
+    accumulated, large = (torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("accumulated", "large"))
+    torch.manual_seed(0)
+    untrained = models.Net().state_dict()
+    assert (large["fc1.weight"] - untrained["fc1.weight"]).abs().max() > 1e-3  # it trained
+    assert max((accumulated[k] - large[k]).abs().max().item() for k in large) < 1e-6
+
+
+# ------------------------------------------------------------ mixed precision
+
+@pytest.mark.slow
+def test_bf16_trains_to_the_same_accuracy_band_as_fp32(tmp_path):
+    accuracy = {}
+    for precision in ("fp32", "bf16"):
+        assert_ok(run_torchrun("train_ddp.py", "--epochs", 1, "--precision", precision, "--results-dir", tmp_path,
+                               "--run-name", precision, "--checkpoint-dir", tmp_path / precision, timeout=600))
+        record = read_json(tmp_path / f"{precision}.json")
+        accuracy[precision] = record["final_test_accuracy"]
+    assert accuracy["fp32"] >= 0.90, accuracy
+    assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.02, accuracy
+
+
+def scaled_run(folder, epochs, *extra):
+    command = [PYTHON, str(REPO / "tests" / "scaled_fp32_run.py"), "--epochs", str(epochs), "--max-steps", "3",
+               "--batch-size", "32", "--checkpoint-dir", str(folder / "checkpoints"),
+               "--results-dir", str(folder / "results"), "--run-name", "scaled", *extra]
+    return subprocess.run(command, cwd=REPO, env=script_env(PYTHONPATH=SCRIPTS), capture_output=True, text=True,
+                          timeout=300)
+
+
+def scale_in(folder, step):
+    return torch.load(folder / "checkpoints" / f"checkpoint-{step:08d}.pt", weights_only=False)["scaler"]["scale"]
+
+
+def test_a_checkpoint_holds_the_gradient_scaler_state_and_a_resume_restores_it(tmp_path):
+    """The scale doubles every step (tests/scaled_fp32_run.py): after 6 steps it is 2**16 only if
+    the resumed run started from the saved 2**13; a fresh scaler would end at 2**13."""
+    assert_ok(scaled_run(tmp_path / "whole", 2))
+    assert scale_in(tmp_path / "whole", 3) == 2.0 ** 13 and scale_in(tmp_path / "whole", 6) == 2.0 ** 16
+    assert_ok(scaled_run(tmp_path / "resumed", 1))
+    assert scale_in(tmp_path / "resumed", 3) == 2.0 ** 13
+    done = scaled_run(tmp_path / "resumed", 2, "--resume")
+    assert_ok(done)
+    assert "resumed from" in done.stdout
+    assert scale_in(tmp_path / "resumed", 6) == 2.0 ** 16
+
+
+def test_fp16_on_a_cpu_is_refused_in_one_line():
+    done = run_python("train_single.py", "--precision", "fp16", "--max-steps", 1)
+    assert_one_line_error(done, "--precision fp16 needs a CUDA GPU", "bf16")
+
+
+# ------------------------------------------------------------ SyncBatchNorm
+
+def test_sync_batchnorm_normalises_with_the_statistics_of_the_global_batch(observed):
+    synced = observed["syncbn"]["SyncBatchNorm"]
+    assert synced["statistics_difference"] < 1e-6 and synced["logits_difference"] < 1e-5
+
+
+def test_plain_batchnorm_uses_each_ranks_own_statistics(observed):
+    plain = observed["syncbn"]["BatchNorm"]
+    assert plain["statistics_difference"] > 1e-3 and plain["logits_difference"] > 1e-3
+
+
+def test_torch_sync_batchnorm_has_no_cpu_forward_which_is_why_the_course_adds_one(observed):
+    assert "expected input tensor to be on GPU" in observed["syncbn"]["torch_syncbn_on_this_device"]
+
+
+def test_train_ddp_trains_with_sync_bn(results_dir, tmp_path):
+    done = run_torchrun("train_ddp.py", "--model", "net-bn", "--sync-bn", "--epochs", 1, "--max-steps", 2,
+                        "--results-dir", results_dir, "--run-name", "syncbn", "--checkpoint-dir", tmp_path / "c")
+    assert_ok(done)
+    assert read_json(results_dir / "syncbn.json")["model"] == "net-bn"
+
+
+def test_sync_bn_on_a_model_without_batchnorm_is_refused_in_one_line():
+    done = run_python("train_single.py", "--sync-bn", "--max-steps", 1)
+    assert_one_line_error(done, "--sync-bn", "net-bn")
+
+
+# ------------------------------------------------------------ uneven inputs
+
+def test_uneven_inputs_complete_under_join(observed):
+    join = observed["join"]
+    assert join["batches_per_rank"] == [3, 5] and join["weights_spread"] == 0.0
+
+
+def test_uneven_inputs_without_join_end_in_a_one_line_error_not_a_hang():
+    done = run_torchrun("beyond_demos.py", "--demo", "no-join", "--timeout", 5, timeout=120)
+    assert done.returncode != 0
+    lines = error_lines(done)
+    assert any("rank 0 finished its 3 batches, but the others never arrived" in line and "Join" in line
+               for line in lines), done.stderr[-3000:]
+    assert "[rank0]: Traceback" not in done.stderr and "[rank1]: Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------ when the model does not fit
+
+def test_zero_1_splits_adams_state_over_the_ranks_and_trains_the_same(observed):
+    ranks = observed["zero"]["ranks"]
+    adam = ranks[0]["adam"]
+    assert all(rank["adam"] == adam for rank in ranks)
+    assert sum(rank["zero"] for rank in ranks) == adam  # every parameter's state kept once, somewhere
+    assert all(rank["zero"] < adam for rank in ranks)
+    assert sorted(name for rank in ranks for name in rank["parameters"]) == sorted(
+        name for name, _ in models.Net().named_parameters())
+    assert max(rank["difference"] for rank in ranks) < 1e-6
+
+
+def test_fsdp2_shards_parameters_and_optimizer_state_and_trains_the_same(observed):
+    ranks = observed["fsdp"]["ranks"]
+    whole = ranks[0]["whole_parameter_bytes"]
+    assert sum(rank["parameter_bytes"] for rank in ranks) == whole
+    assert all(rank["adam_state_bytes"] == 2 * rank["parameter_bytes"] for rank in ranks)  # Adam: 2 per parameter
+    assert all(rank["ddp_adam_state_bytes"] == 2 * whole for rank in ranks)
+    assert max(rank["difference"] for rank in ranks) < 1e-6

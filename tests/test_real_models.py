@@ -1,0 +1,231 @@
+"""CIFAR-10 and ResNet-18 (the seed-000 system): the data, the augmentation, every training
+script, and checkpoints that resume exactly.
+
+CIFAR-10 cannot be downloaded here. The tests write its files in its own format
+(tests/data_makers.py says how, and why torchvision's md5 check is replaced for them and
+nothing else), and the synthetic-cifar10 data set covers the same shapes in memory.
+"""
+import subprocess
+
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+from torch.utils.flop_counter import FlopCounterMode
+
+from conftest import (REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun,
+                      script_env, torchrun_command)
+from core import data, models
+from data_makers import accepting_any_md5, write_cifar10
+
+PER_BATCH, TEST_IMAGES = 40, 40  # 5 x 40 = 200 training images
+# 2 epochs of 5 steps, a checkpoint every 3 steps and at each epoch end: steps 3, 5, 6, 9, 10.
+RUN = ("--dataset", "cifar10", "--model", "resnet18", "--epochs", 2, "--max-steps", 5, "--batch-size", 16,
+       "--checkpoint-every", 3)
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory):
+    """CIFAR-10's files, written here, and the launcher that lets torchvision read them."""
+    folder = tmp_path_factory.mktemp("cifar")
+    return {"data_dir": write_cifar10(folder / "data", per_batch=PER_BATCH, test_images=TEST_IMAGES),
+            "launcher": accepting_any_md5(folder)}
+
+
+def run_on_cifar(cifar, script, *args, nproc=1, launcher=()):
+    """A course script on the written CIFAR-10 files, with python (nproc 1) or torchrun."""
+    args = (*args, "--data-dir", cifar["data_dir"])
+    if nproc == 1:
+        return run_python(cifar["launcher"], SCRIPTS / script, *args)
+    command = torchrun_command(script, *args, nproc=nproc, launcher=launcher)
+    script_at = command.index(str(SCRIPTS / script))
+    command[script_at:script_at + 1] = [str(cifar["launcher"]), str(SCRIPTS / script)]
+    return subprocess.run(command, cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300)
+
+
+def outputs(folder, name):
+    return ("--checkpoint-dir", folder / f"{name}-checkpoints", "--results-dir", folder / "results",
+            "--run-name", name, "--save", folder / f"{name}.pt")
+
+
+def weights(folder, name):
+    return torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    different = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not different, f"differ: {different[:5]} ({len(different)} of {len(a)})"
+
+
+# ---------------------------------------------------------------- the data set
+
+def test_the_written_files_load_through_torchvision_with_their_classes_and_splits(cifar, monkeypatch):
+    import torchvision.datasets.cifar as cifar_module
+
+    monkeypatch.setattr(cifar_module, "check_integrity", lambda fpath, md5=None: True)
+    train, test = data.load_datasets("cifar10", cifar["data_dir"])
+    assert (len(train), len(test)) == (5 * PER_BATCH, TEST_IMAGES)
+    assert train.classes[:2] == ["airplane", "automobile"] and train.data.shape == (200, 32, 32, 3)
+    assert not (train.data[:TEST_IMAGES] == test.data).all()  # the test split is its own file
+
+
+def test_in_memory_images_equal_the_test_transform_bit_for_bit(cifar, monkeypatch):
+    import torchvision.datasets.cifar as cifar_module
+
+    monkeypatch.setattr(cifar_module, "check_integrity", lambda fpath, md5=None: True)
+    _, test = data.load_datasets("cifar10", cifar["data_dir"])
+    images, labels = data.as_tensors(test)
+    one_by_one = torch.stack([test[i][0] for i in range(len(test))])
+    assert torch.equal(images, one_by_one) and labels.tolist() == test.targets
+
+
+def test_batch_augmentation_is_torchvisions_crop_and_flip():
+    """crop_and_flip on normalised tensors = torchvision's pad (black), crop, flip, then normalise."""
+    train, _ = data.read_datasets("synthetic-cifar10", ".")
+    _, to_tensor = data.cifar10_transforms()  # ToTensor + Normalize
+    images, _ = data.as_tensors(torch.utils.data.Subset(train, range(4)))
+    tops, lefts, flips = torch.tensor([0, 8, 3, 5]), torch.tensor([8, 0, 4, 1]), torch.tensor([True, False, True, False])
+    black = -torch.tensor(data.CIFAR10_MEAN) / torch.tensor(data.CIFAR10_STD)
+    ours = data.crop_and_flip(images, tops, lefts, flips, data.CIFAR10_PADDING, black)
+    for i in range(4):
+        picture = TF.crop(TF.pad(Image.fromarray(train.data[i]), data.CIFAR10_PADDING, fill=0), int(tops[i]),
+                          int(lefts[i]), 32, 32)
+        expected = to_tensor(TF.hflip(picture) if flips[i] else picture)
+        assert torch.allclose(ours[i], expected, atol=1e-6), i
+
+
+def augmented_epoch(seed, skip=0):
+    train, _ = data.read_datasets("synthetic-cifar10", ".")
+    batches = data.TensorBatches(torch.utils.data.Subset(train, range(64)), range(64), 16, "cpu",
+                                 augment=data.cifar10_augment)
+    return [images for images, _ in batches.iterate(skip, seed=seed)], batches
+
+
+def test_in_memory_augmentation_draws_from_its_own_generators_and_replays_after_a_skip():
+    before = torch.get_rng_state()
+    epoch, batches = augmented_epoch(seed=7)
+    assert torch.equal(torch.get_rng_state(), before), "augmentation must not draw from the global stream"
+    plain = batches.images[:16]
+    assert not torch.equal(epoch[0], plain)  # the batch really is augmented
+    resumed, _ = augmented_epoch(seed=7, skip=2)  # a resumed epoch starts at its third batch
+    assert len(resumed) == 2 and all(torch.equal(a, b) for a, b in zip(resumed, epoch[2:]))
+    other_epoch, _ = augmented_epoch(seed=8)  # another epoch (or rank): other crops and flips
+    assert not torch.equal(other_epoch[0], epoch[0])
+
+
+# ---------------------------------------------------------------- the models
+
+def training_flops_per_image(model):
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(torch.zeros(2, 3, 32, 32)).sum().backward()
+    return counter.get_total_flops() / 2
+
+
+def test_the_cifar_stem_costs_about_15_times_the_seed_models_compute():
+    seed_model, cifar_stem = models.resnet18(), models.resnet18_cifar()
+    ratio = training_flops_per_image(cifar_stem) / training_flops_per_image(seed_model)
+    assert 14 < ratio < 16, ratio
+    assert seed_model(torch.zeros(2, 3, 32, 32)).shape == cifar_stem(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("model, dataset, fix", [("net", "synthetic-cifar10", "--model resnet18 or resnet18-cifar"),
+                                                 ("resnet18", "mnist5k", "--model net")])
+def test_a_model_that_cannot_take_the_images_is_refused_in_one_line(model, dataset, fix):
+    assert_one_line_error(run_python("train_single.py", "--dataset", dataset, "--model", model), "takes", fix)
+
+
+# ---------------------------------------------------------------- every script, end to end
+
+SCRIPT_CASES = {"train_single": 1, "train_dp": 1, "train_allreduce": 2, "train_ddp": 2}
+
+
+@pytest.mark.parametrize("script", SCRIPT_CASES)
+def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, tmp_path):
+    world_size = SCRIPT_CASES[script]
+    done = run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
+                        "--max-steps", 2, "--batch-size", 16, *outputs(tmp_path, "run"), nproc=world_size)
+    assert_ok(done)
+    record = read_json(tmp_path / "results" / "run.json")
+    assert (record["dataset"], record["model"], record["world_size"]) == ("cifar10", "resnet18", world_size)
+    assert record["per_epoch"][0]["test_samples"] == TEST_IMAGES
+    assert models.resnet18().load_state_dict(weights(tmp_path, "run"))  # strict: a plain ResNet-18's weights
+
+
+def test_the_synthetic_set_trains_without_any_file(tmp_path):
+    done = run_torchrun("train_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
+                        "--max-steps", 2, "--batch-size", 16, *outputs(tmp_path, "synthetic"),
+                        "--data-dir", tmp_path / "nothing-here")
+    assert_ok(done)
+    record = read_json(tmp_path / "results" / "synthetic.json")
+    assert record["dataset"] == "synthetic-cifar10" and record["per_epoch"][0]["test_samples"] == 1000
+
+
+# ---------------------------------------------------------------- exact resume
+
+@pytest.fixture(scope="module")
+def uninterrupted(cifar, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    assert_ok(run_on_cifar(cifar, "train_single.py", *RUN, *outputs(folder, "single")))
+    assert_ok(run_on_cifar(cifar, "train_ddp.py", *RUN, *outputs(folder, "ddp"), nproc=2))
+    return {"single": weights(folder, "single"), "ddp": weights(folder, "ddp")}
+
+
+def test_the_reference_runs_trained(uninterrupted):
+    torch.manual_seed(0)
+    untrained = models.resnet18().state_dict()
+    assert not torch.equal(untrained["fc.weight"], uninterrupted["single"]["fc.weight"])
+    assert not torch.equal(uninterrupted["single"]["fc.weight"], uninterrupted["ddp"]["fc.weight"])
+
+
+def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
+    """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
+    stopped = run_on_cifar(cifar, "train_single.py", *RUN, *outputs(tmp_path, "stopped"), "--fault", "exit",
+                           "--fault-step", 7)
+    assert stopped.returncode == 3, stopped.stdout + stopped.stderr
+    resumed = run_on_cifar(cifar, "train_single.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
+    assert_ok(resumed)
+    assert "checkpoint-00000006.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
+    assert_same_weights(weights(tmp_path, "stopped"), uninterrupted["single"])
+
+
+def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
+    done = run_on_cifar(cifar, "train_ddp.py", *RUN, *outputs(tmp_path, "killed"), "--fault", "kill",
+                        "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
+    assert_ok(done)
+    assert "checkpoint-00000006.pt: epoch 2, 1 of" in done.stdout, done.stdout
+    assert_same_weights(weights(tmp_path, "killed"), uninterrupted["ddp"])
+
+
+def dataloader_run(cifar, folder, name, workers, *extra):
+    return run_on_cifar(cifar, "train_single.py", *RUN, "--loader", "dataloader", "--workers", workers,
+                        *outputs(folder, name), *extra)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(cifar, tmp_path, workers):
+    """No workers: torchvision's crops and flips draw from the training process's stream, which
+    the checkpoint saves, so the resume is exact. With a worker: its stream was seeded when it
+    started and cannot be continued; the data order is the same, the crops and flips are not."""
+    assert_ok(dataloader_run(cifar, tmp_path, "whole", workers))
+    stopped = dataloader_run(cifar, tmp_path, "stopped", workers, "--fault", "exit", "--fault-step", 7)
+    assert stopped.returncode == 3, stopped.stdout + stopped.stderr
+    assert_ok(dataloader_run(cifar, tmp_path, "stopped", workers, "--resume"))
+    whole, resumed = (read_json(tmp_path / "results" / f"{name}.json") for name in ("whole", "stopped"))
+    assert [e["first_indices"] for e in resumed["per_epoch"]] == [e["first_indices"] for e in whole["per_epoch"]]
+    same = all(torch.equal(a, b) for a, b in zip(weights(tmp_path, "whole").values(),
+                                                  weights(tmp_path, "stopped").values()))
+    assert same == (workers == 0)
+
+
+# ---------------------------------------------------------------- one-line errors
+
+def test_missing_cifar10_names_the_download_command(tmp_path):
+    done = run_python("train_single.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", tmp_path)
+    assert_one_line_error(done, "cifar10 not found", "python scripts/download_data.py cifar10")
+
+
+def test_cifar10_files_that_fail_the_md5_check_are_called_damaged(cifar):
+    done = run_python("train_single.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", cifar["data_dir"])
+    assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)", "python scripts/download_data.py cifar10")
