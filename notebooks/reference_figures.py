@@ -4,8 +4,10 @@
 
 The notebooks draw into results/figs/, which git ignores: many figures hold measurements of
 the machine that ran them, and a run must not change the checkout. figs/ keeps one reference
-copy of each, for the README and the web, changed only by this script. It writes
-figs/README.md: each figure, the notebook that draws it, and the machine it was drawn on.
+copy of each, for the README and the web, changed only by this script. figs/README.md has
+one row per figure (what it shows, who draws it, the machine it was drawn on); this script
+stamps the rows of the measured figures it copied with this machine, and leaves other rows
+(diagrams, figures drawn by other targets) as they are.
 """
 import datetime
 import json
@@ -44,24 +46,38 @@ def machine():
             f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
+def stamp_rows(readme, names, stamp):
+    """figs/README.md's table with the "drawn on" cell of each named figure's row set to ``stamp``.
+
+    Rows of other figures, and the rows of diagrams ("drawn on" starting with "diagram"), stay as
+    they are. A figure without a row is an error: its row says what it shows, which only a person
+    can write.
+    """
+    lines = readme.splitlines()
+    for name in names:
+        row = next((i for i, line in enumerate(lines) if line.startswith(f"| [{name}]({name}) |")), None)
+        if row is None:
+            raise ValueError(f"figs/README.md has no row for {name}; add one (what it shows, the notebook that draws it)")
+        cells = lines[row].rstrip().rstrip("|").split(" | ")
+        if not cells[-1].startswith("diagram"):
+            lines[row] = " | ".join(cells[:-1] + [stamp]) + " |"
+    return "\n".join(lines) + "\n"
+
+
 def main():
     owners = drawn_by()
     missing = sorted(name for name in owners if not (DRAWN / name).is_file())
     if missing:
         sys.exit(f"error: {', '.join(missing)} not in {DRAWN.relative_to(REPO)}; run `make figures` (it runs the notebooks first)")
-    FIGS.mkdir(exist_ok=True)
-    lines = ["# figs/", "",
-             "Reference copies of the figures the notebooks draw. A run of a notebook draws into `results/figs/`,",
-             "which git ignores; these copies change only with `make figures`, which runs every notebook and copies",
-             "what they drew here. The measured ones (timings, losses, differences) hold the numbers of the machine",
-             "below; yours will differ.", "",
-             f"Drawn on {datetime.date.today():%Y-%m-%d}: {machine()}.", "",
-             "| figure | drawn by |", "|---|---|"]
-    for name, notebook in sorted(owners.items(), key=lambda item: (item[1], item[0])):
+    readme = FIGS / "README.md"
+    try:
+        text = stamp_rows(readme.read_text(), sorted(owners), f"{datetime.date.today():%Y-%m-%d}: {machine()}")
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    for name in owners:
         shutil.copyfile(DRAWN / name, FIGS / name)
-        lines.append(f"| [{name}]({name}) | [{notebook}](../notebooks/{notebook}) |")
-    (FIGS / "README.md").write_text("\n".join(lines) + "\n")
-    print(f"copied {len(owners)} figures to figs/ and described them in figs/README.md")
+    readme.write_text(text)
+    print(f"copied {len(owners)} figures to figs/ and stamped the measured ones in figs/README.md with this machine")
 
 
 if __name__ == "__main__":

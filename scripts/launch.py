@@ -543,6 +543,11 @@ def main(argv=None, env=None):
     except LaunchError as error:
         print(f"launch.py: error: {error}", file=sys.stderr, flush=True)
         return 2
+    if plan.max_restarts > 0:
+        # torch 2.14's torchrun hands a restarted group the store of the failed attempt, and a
+        # worker can then read a dead peer's address (pytorch/pytorch#167288): a fresh store for
+        # each attempt instead (core.distributed.FRESH_STORE_PER_ATTEMPT).
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     print(f"launch.py: exec {shlex.join(command)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execv(command[0], command)  # torchrun takes over this process: its exit status is the job's

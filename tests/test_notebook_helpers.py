@@ -72,6 +72,26 @@ def test_every_reference_figure_has_a_notebook_that_draws_it():
     assert committed <= set(drawn), f"figures in figs/ that no notebook draws: {sorted(committed - set(drawn))}"
     readme = (REPO / "figs" / "README.md").read_text()
     assert all(f"[{name}]({name})" in readme for name in committed)
+    reference_figures.stamp_rows(readme, sorted(drawn), "today")  # `make figures` finds a row for each
+
+
+def test_make_figures_stamps_measured_rows_and_leaves_the_rest():
+    sys.path.insert(0, str(REPO / "notebooks"))
+    try:
+        import reference_figures
+    finally:
+        sys.path.pop(0)
+    readme = "\n".join([
+        "| figure | what it shows | drawn by | drawn on |", "|---|---|---|---|",
+        "| [a.png](a.png) | a diagram | 00 | diagram |",
+        "| [b.png](b.png) | timings | 01 | 2020-01-01: old machine |",
+        "| [bench.png](bench.png) | a benchmark | make benchmark | 2020-01-01: old machine |"]) + "\n"
+    stamped = reference_figures.stamp_rows(readme, ["a.png", "b.png"], "2030-01-01: new machine").splitlines()
+    assert stamped[2] == "| [a.png](a.png) | a diagram | 00 | diagram |"
+    assert stamped[3] == "| [b.png](b.png) | timings | 01 | 2030-01-01: new machine |"
+    assert stamped[4] == "| [bench.png](bench.png) | a benchmark | make benchmark | 2020-01-01: old machine |"
+    with pytest.raises(ValueError, match="no row for c.png"):
+        reference_figures.stamp_rows(readme, ["c.png"], "today")
 
 
 TORCHRUN_OUTPUT = """\

@@ -51,7 +51,15 @@ def torchrun(script, *args, nproc=2, timeout=600, echo=True, launcher_args=("--s
     """
     command = [sys.executable, "-m", "torch.distributed.run", *map(str, launcher_args),
                f"--nproc-per-node={nproc}", f"scripts/{script}", *map(str, args)]
+    if restarts_allowed(launcher_args):
+        env = {**(os.environ if env is None else env), **FRESH_STORE_PER_ATTEMPT}
     return run_and_check(command, script, timeout, echo, env)
+
+
+def restarts_allowed(launcher_args):
+    """``--max-restarts=K`` (or ``--max-restarts K``) with K > 0 among torchrun's flags."""
+    words = " ".join(map(str, launcher_args)).replace("=", " ").split()
+    return any(word == "--max-restarts" and int(after) > 0 for word, after in zip(words, words[1:]))
 
 
 def python(script, *args, timeout=600, echo=True, env=None):
@@ -62,10 +70,8 @@ def python(script, *args, timeout=600, echo=True, env=None):
 def run_and_check(command, script, timeout, echo, env=None):
     """Run ``command`` in the repository, stdout and stderr in one stream, in the order written.
 
-    ``env``: the whole environment of the run (default: the kernel's). torchrun's restarts
-    need a fresh store per attempt (``core.distributed.FRESH_STORE_PER_ATTEMPT``).
+    ``env``: the whole environment of the run (default: the kernel's).
     """
-    env = {**(os.environ if env is None else env), **FRESH_STORE_PER_ATTEMPT}
     try:
         done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=timeout)
