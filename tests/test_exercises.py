@@ -84,6 +84,8 @@ def context(exercise_id, request, tmp_path):
         return {"PREFIXED": path}, {"checkpoint": path}
     if exercise_id == "04.2":
         return {}, {"observed": request.getfixturevalue("ddp_buckets")}
+    if exercise_id == "06.1":
+        return {"models": models}, {}
     if exercise_id == "07.1":
         return {}, {"observed": request.getfixturevalue("beyond_observed")["accumulate"]}
     if exercise_id == "07.2":
@@ -141,6 +143,10 @@ def wrong_answers(exercise_id, extra):
         "04.2": {"predict_buckets": one_bucket},
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
+        "06.1": {"head_bytes": 4 * (10 * 512 + 10),  # right, but layer4 counted from its state_dict
+                 "layer4_and_head_bytes": 4 * (10 * 512 + 10) + sum(
+                     value.numel() * value.element_size() for value in models.resnet18().layer4.state_dict().values())},
+        "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
         "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
@@ -159,7 +165,7 @@ IDS = sorted(EXERCISES)
 def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
         "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
-        "05_checkpoints_and_faults", "07_beyond_ddp", "08_performance"]
+        "05_checkpoints_and_faults", "06_real_models", "07_beyond_ddp", "08_performance"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)

@@ -316,6 +316,100 @@ def check_resume_step(resume_step, observed=None):
             "spent writing checkpoints.")
 
 
+# --- 06_real_models ------------------------------------------------------------------------
+
+def _bytes_ddp_allreduces(model):
+    """Bytes of gradient DDP hands to all_reduce in one backward pass of ``model``, counted
+    by a communication hook, in a world of one process made for the count if there is none."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .distributed import free_port
+
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        sent = []
+
+        def count_then_allreduce(state, bucket):
+            sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+        wrapped = DDP(model)
+        wrapped.register_comm_hook(None, count_then_allreduce)
+        wrapped(torch.randn(2, 3, 32, 32)).sum().backward()
+        return sum(sent)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _cifar_resnet_training(*prefixes):
+    """ResNet-18 for CIFAR-10's 10 classes; only the parameters under ``prefixes`` train."""
+    from .models import resnet18
+
+    model = resnet18(num_classes=10)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = name.startswith(prefixes)
+    return model
+
+
+@exercise("06_real_models", 1, answers=("head_bytes", "layer4_and_head_bytes"))
+def check_finetune_bytes(head_bytes, layer4_and_head_bytes):
+    head = _bytes_ddp_allreduces(_cifar_resnet_training("fc."))
+    assert head_bytes == head, (
+        f"head_bytes = {head_bytes:,}: the head of a 10-class ResNet-18 has a weight and a bias; how many values, "
+        "and how many bytes each?")
+    both = _bytes_ddp_allreduces(_cifar_resnet_training("fc.", "layer4."))
+    assert layer4_and_head_bytes == both, (
+        f"layer4_and_head_bytes = {layer4_and_head_bytes:,} is not what DDP all-reduced: DDP reduces the gradients "
+        "of the parameters that train; does everything in layer4's state_dict have a gradient?")
+    everything = _bytes_ddp_allreduces(_cifar_resnet_training(""))
+    return (f"DDP all-reduced {head:,} bytes with the head alone, {both:,} with layer4 too, {everything:,} with "
+            f"every layer: layer4 holds {(both - head) / everything:.0%} of ResNet-18's parameters. BatchNorm's "
+            "running statistics are buffers, not parameters: they have no gradient, and DDP sends them another "
+            "way, broadcasting rank 0's at each forward (broadcast_buffers=True).")
+
+
+# (nodes, GPUs per node, processes per node): jobs of the model-parallel script
+REPLICA_CASES = [(1, 4, 2), (2, 8, 4), (2, 4, 2), (3, 8, 3)]
+
+
+def _replica_gpus(rank, gpus_per_node, processes_per_node, nodes):
+    """What train_ddp_model_parallel.py does for global rank ``rank``: (node, first GPU, second GPU)."""
+    import datetime
+    from unittest import mock
+
+    from train_ddp_model_parallel import replica_devices
+
+    from .distributed import Runtime
+
+    node, local_rank = divmod(rank, processes_per_node)  # torchrun numbers node 0's processes first
+    runtime = Runtime(rank=rank, local_rank=local_rank, world_size=nodes * processes_per_node, local_world_size=processes_per_node,
+                      device=torch.device("cuda", local_rank), backend="nccl", threads=1,
+                      timeout=datetime.timedelta(minutes=5))
+    with mock.patch.object(torch.cuda, "device_count", return_value=gpus_per_node):
+        first, second = replica_devices(runtime)
+    return node, first.index, second.index
+
+
+@exercise("06_real_models", 2, answers=("replica_gpus",))
+def check_replica_gpus(replica_gpus):
+    for nodes, gpus, processes in REPLICA_CASES:
+        for rank in range(nodes * processes):
+            expected = _replica_gpus(rank, gpus, processes, nodes)
+            got = tuple(replica_gpus(rank, gpus, processes))
+            assert got == expected, (
+                f"replica_gpus({rank}, {gpus}, {processes}) = {got}: on {nodes} node(s) of {gpus} GPUs with "
+                f"{processes} processes each, rank {rank} runs on node {expected[0]}; which rank picks the GPUs?")
+    node, first, second = _replica_gpus(5, 8, 4, nodes=2)
+    return (f"On 2 nodes of 8 GPUs, rank 5 is LOCAL_RANK 1 of node {node} and takes its GPUs {first} and {second}: "
+            "the GPU numbers start again on every node, so they come from the local rank. With 3 processes on an "
+            "8-GPU node, GPUs 6 and 7 stay idle: launch --nproc-per-node=GPUs/2 (scripts/launch.py "
+            "--gpus-per-process 2 does).")
+
+
 # --- 07_beyond_ddp --------------------------------------------------------------------------
 
 @exercise("07_beyond_ddp", 1, answers=("syncs_per_step",))

@@ -88,7 +88,8 @@ class RunLog:
     def log_epoch(self, epoch, train_loss, samples, seconds, metrics, steady=None):
         """``steady``: (samples, seconds) of the epoch without the process's warm-up steps, for MFU."""
         throughput = samples / seconds
-        steady_throughput = steady[0] / steady[1] if steady and steady[1] > 0 else None
+        # An epoch that ends with the warm-up has no steady samples: no rate to measure, so no MFU.
+        steady_throughput = steady[0] / steady[1] if steady and steady[0] > 0 and steady[1] > 0 else None
         utilization = mfu.model_flops_utilization(steady_throughput, self.flops_per_sample, self.world_peak)
         entry = {"epoch": epoch, "train_loss": train_loss, **metrics, "seconds": seconds,
                  "samples_per_second": throughput, "steady_samples_per_second": steady_throughput,
