@@ -41,8 +41,9 @@ def parse_recipe(text):
 
 def run_once(recipe, train_set, test_set, args, runtime, seed):
     loader, optimizer_name, lr, batch_size = recipe
-    run_args = argparse.Namespace(loader=loader, workers=0, pin_memory=False, optimizer=optimizer_name,
-                                  lr=lr, gamma=0.7, model="net", dropout=True, seed=seed)
+    run_args = argparse.Namespace(dataset="mnist5k", data_dir=common.REPO / "data", loader=loader, workers=0,
+                                  pin_memory=False, optimizer=optimizer_name, lr=lr, gamma=0.7, model="net",
+                                  dropout=True, seed=seed)
     model = models.build_model(run_args)  # seeded from seed: every recipe starts from the same weights
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed)
     batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)
