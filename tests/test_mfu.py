@@ -187,3 +187,10 @@ def test_counting_forks_every_gpu_the_process_drives(monkeypatch):
     assert forked == [([0, 1, 2], "cuda")]
     assert mfu.cuda_devices_driven(nn.Linear(2, 2), torch.device("cuda", 3)) == [3]  # DDP on local GPU 3
     assert mfu.cuda_devices_driven(nn.Linear(2, 2), torch.device("cpu")) == []
+
+
+def test_measuring_the_cpu_peak_leaves_the_runs_random_stream_alone():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    assert mfu.measure_cpu_peak(size=64, seconds=0.01) > 0
+    assert torch.equal(torch.get_rng_state(), before)  # the run's dropout masks do not depend on MFU

@@ -109,7 +109,9 @@ def measure_cpu_peak(dtype=torch.float32, size=CPU_GEMM_SIZE, seconds=CPU_GEMM_S
 
     The best, not the mean: on a shared machine the fastest repeat is the one least disturbed.
     """
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    # A generator of its own: the run's random stream (dropout masks) must not depend on whether MFU is measured.
+    numbers = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, dtype=dtype, generator=numbers) for _ in range(2))
     a @ b  # the first product pays for allocation and thread start-up
     best = float("inf")
     deadline = time.perf_counter() + seconds
