@@ -80,8 +80,10 @@ METHODS = [
 MODELS = [
     Model("net", "the MNIST Net, bundled MNIST subset (4,000 training images)",
           ("--dataset", "mnist5k", "--model", "net"), batch_size=64, epochs=3, target_accuracy=0.94, train_size=4000),
-    Model("resnet18", "ResNet-18, CIFAR-shaped data", ("--dataset", "cifar10", "--model", "resnet18"),
-          batch_size=32, epochs=2, target_accuracy=0.0, train_size=50000, max_steps=20),
+    # CIFAR-10's shape, made up in memory: offline, and what is measured is speed, not accuracy.
+    Model("resnet18", "ResNet-18, CIFAR-shaped data (synthetic-cifar10, 10,000 images made up in memory)",
+          ("--dataset", "synthetic-cifar10", "--model", "resnet18"),
+          batch_size=32, epochs=2, target_accuracy=0.0, train_size=10000, max_steps=20),
 ]
 
 # What a script prints when it does not accept an entry yet (argparse, or the course's own check).
