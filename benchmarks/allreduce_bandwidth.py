@@ -197,6 +197,7 @@ def main():
             "hardware": common.hardware(), "load_average": [load_before, common.load_average()],
             "sizes": rows, "gradients": gradients,
         })
+    dist.barrier()  # leave together: a rank tearing gloo down while its peer still writes can abort the other
     dist.destroy_process_group()
 
 
