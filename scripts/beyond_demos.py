@@ -384,8 +384,7 @@ def main(argv=None):
     if args.json and runtime.is_main:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(observed, indent=2) + "\n")
-    dist.barrier()  # leave together: a rank tearing gloo down while its peer still writes can abort the other
-    dist.destroy_process_group()
+    distributed.leave_together()
 
 
 if __name__ == "__main__":

@@ -216,14 +216,14 @@ def main(argv=None):
         if rank == 0:
             print(report_late_rank(timing, runtime.backend), flush=True)
             write_json(args.json, {"world_size": world_size, "backend": runtime.backend, **timing})
-        return
+        return distributed.leave_together()
 
     if args.time_averaging:
         timings = time_averaging(device, args.repeats)
         if rank == 0:
             print(report_timings(timings, world_size, runtime.backend), flush=True)
             write_json(args.json, {"world_size": world_size, "timings_ms": timings})
-        return
+        return distributed.leave_together()
 
     identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
                 "local_world_size": local_world_size, "device": str(device), "backend": dist.get_backend()}
@@ -235,6 +235,7 @@ def main(argv=None):
         write_json(args.json, {"world_size": world_size, "ranks": identities,
                                **{name: {"before": [b for b, _ in per_rank], "after": [a for _, a in per_rank]}
                                   for name, per_rank in results.items()}})
+    distributed.leave_together()
 
 
 if __name__ == "__main__":

@@ -262,6 +262,7 @@ def main(argv=None):
     if args.json and runtime.is_main:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(observed, indent=2) + "\n")
+    distributed.leave_together()
 
 
 if __name__ == "__main__":

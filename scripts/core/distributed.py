@@ -161,6 +161,14 @@ def check_gloo_interfaces():
                           f"(`ip -br addr` shows them), or unset it")
 
 
+def leave_together():
+    """The end of a demo: every rank waits for the others, then tears the process group down.
+    A rank that destroys gloo while its peer is still writing output can make the peer abort
+    ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def use_world_of_one():
     """Plain ``python script.py``: set what torchrun would set for a single process, so
     that ``dist.init_process_group`` reads the same variables either way."""
