@@ -19,6 +19,7 @@ if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
 import torch  # noqa: E402
+from core import distributed, reporting  # noqa: E402
 
 
 SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -38,19 +39,9 @@ def format_size(size):
     return f"{size} B"
 
 
-def usable_cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+# One definition each, shared with the training scripts' records.
+usable_cores = distributed.usable_cpus
+cpu_name = reporting.cpu_name
 
 
 def hardware():
