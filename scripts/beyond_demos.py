@@ -21,7 +21,6 @@ observed, for checks:
   fsdp        fully_shard (FSDP2): parameters and optimizer state per rank, sharded
 """
 import contextlib
-import json
 from pathlib import Path
 
 import torch
@@ -32,8 +31,10 @@ from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ddp_demos
 import own_ddp
 from core import CourseError, cli, distributed, models, sync_batchnorm
+from ddp_demos import say
 from train_allreduce import average_gradients_bucket
 
 DEMOS = ["overlap", "accumulate", "syncbn", "join", "zero", "fsdp"]
@@ -46,11 +47,6 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=None, help="write what the demos observed here (rank 0)")
     parser.add_argument("--micro-batches", type=int, default=4, help="K, the micro-batches per optimizer step (accumulate)")
     parser.set_defaults(dropout=False, batch_size=16)
-
-
-def say(runtime, *lines):
-    if runtime.is_main:
-        print("\n".join(lines), flush=True)
 
 
 def wrap_ddp(model, runtime):
@@ -377,14 +373,7 @@ def main(argv=None):
     runtime = distributed.setup(args, process_group=True)
     if runtime.world_size < 2:
         raise CourseError("these demos compare ranks: run them with torchrun --nproc-per-node=2 (or more)")
-    observed = {}
-    for name in args.demo:
-        say(runtime, f"== {name} ==")
-        observed[name] = globals()[f"demo_{name.replace('-', '_')}"](runtime, args)
-    if args.json and runtime.is_main:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(observed, indent=2) + "\n")
-    distributed.leave_together()
+    ddp_demos.run_demos(runtime, args, globals())
 
 
 if __name__ == "__main__":

@@ -255,10 +255,16 @@ def split_sections(output):
 def main(argv=None):
     args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
     runtime = distributed.setup(args, process_group=True)
+    run_demos(runtime, args, globals())
+
+
+def run_demos(runtime, args, demos):
+    """Each demo in --demo, in order, under a "== name ==" heading (split_sections reads them back);
+    what they observed goes to --json; then every rank leaves together."""
     observed = {}
     for name in args.demo:
         say(runtime, f"== {name} ==")
-        observed[name] = globals()[f"demo_{name}"](runtime, args)
+        observed[name] = demos[f"demo_{name.replace('-', '_')}"](runtime, args)
     if args.json and runtime.is_main:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(observed, indent=2) + "\n")
