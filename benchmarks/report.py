@@ -185,6 +185,16 @@ def percent(value):
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def count(n, one, many):
+    """'1 epoch', '3 epochs': ``many`` is a format with one {} for n."""
+    return f"1 {one}" if n == 1 else many.format(n)
+
+
+def steps_text(spec):
+    """' of 20 steps' where a model's epochs are cut short (its s/epoch is then for those steps)."""
+    return f" of {spec['max_steps']} steps" if spec.get("max_steps") else ""
+
+
 def seconds(value):
     return "not reached" if value is None else f"{value:.1f} s"
 
@@ -192,19 +202,22 @@ def seconds(value):
 def scaling_table(record, model):
     rows, gpus = record["rows"], record["machine"]["gpus"]
     unit = find(rows, model=model, method="one process", processes=1, threads=1 if not gpus else None, role="scaling")
-    target_accuracy = record["models"][model]["target_accuracy"]
-    lines = [f"| method | processes x {'GPUs' if gpus else 'threads'} | global batch | samples/s | s/epoch "
-             f"| step ms = compute + communication | MFU | time to {target_accuracy:.0%} | scaling efficiency |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    # Made-up data has no accuracy worth reaching (older records wrote its target as 0): no such column.
+    target_accuracy = record["models"][model]["target_accuracy"] or None
+    time_column = [] if target_accuracy is None else [f"time to {target_accuracy:.0%}"]
+    header = ["method", f"processes x {'GPUs' if gpus else 'threads'}", "global batch", "samples/s", "s/epoch",
+              "step ms = compute + communication", "MFU", *time_column, "scaling efficiency"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if row["model"] != model or row["role"] == "compute only":
             continue
         efficiency = (f"{row['samples_per_second'] / (devices_used(row, gpus) * unit['samples_per_second']):.0%}"
                       if unit else "n/a")
-        lines.append(f"| {row['method']} | {layout_text(row, gpus)} | {row['global_batch_size']:.0f} "
-                     f"| {row['samples_per_second']:,.0f} | {row['seconds_per_epoch']:.2f} "
-                     f"| {step_split(rows, row, gpus)} "
-                     f"| {percent(row['mfu'])} | {seconds(row['time_to_target'])} | {efficiency} |")
+        time_cell = [] if target_accuracy is None else [seconds(row["time_to_target"])]
+        cells = [row["method"], layout_text(row, gpus), f"{row['global_batch_size']:.0f}",
+                 f"{row['samples_per_second']:,.0f}", f"{row['seconds_per_epoch']:.2f}", step_split(rows, row, gpus),
+                 percent(row["mfu"]), *time_cell, efficiency]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -220,11 +233,11 @@ def targets_table(targets):
 
 def render_harness(record):
     load = record["load_average"]["max"]
-    parts = [f"{machine_line(record)}; median of {record['repeats']} repeats; "
+    parts = [f"{machine_line(record)}; {count(record['repeats'], 'repeat', 'median of {} repeats')}; "
              f"highest 1-minute load average while measuring: {load:.2f}."]
     for model, spec in record["models"].items():
         if any(row["model"] == model for row in record["rows"]):
-            parts += [f"\n**{spec['description']}**, {record['epochs'][model]} epochs per run, "
+            parts += [f"\n**{spec['description']}**, {count(record['epochs'][model], 'epoch', '{} epochs')}{steps_text(spec)} per run, "
                       f"batch {spec['batch_size']} per process:\n", scaling_table(record, model)]
     parts += ["\n**Targets**\n", targets_table(check_targets(record))]
     if record["skipped"]:

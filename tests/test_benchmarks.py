@@ -177,6 +177,21 @@ def test_step_split_subtracts_the_step_without_communication():
     assert report.step_split(rows, rows[0], gpus=0) == "80 (no split: the step without communication took 90)"
 
 
+def test_time_to_accuracy_column_only_where_the_model_has_a_target():
+    record = synthetic_record({"DDP": 0.128})
+    for row in record["rows"]:
+        row.update(global_batch_size=row["processes"] * row["batch_size"], seconds_per_epoch=4.0,
+                   time_to_target=3.5 if row["role"] == "scaling" else None)
+    record["models"] = {"net": {"target_accuracy": 0.94}}
+    header, _, *body = report.scaling_table(record, "net").splitlines()
+    assert "| time to 94% |" in header and body[-1].endswith("| 3.5 s | n/a |")  # no 1 x 1 run here
+    record["models"]["net"]["target_accuracy"] = None  # made-up data: speed only
+    header, rule, *body = report.scaling_table(record, "net").splitlines()
+    assert "time to" not in header and "3.5 s" not in body[-1]
+    assert header.count("|") == rule.count("|") == body[-1].count("|")
+    assert harness.time_to_target({"per_epoch": [{"seconds": 2.0, "test_accuracy": 0.9}]}, None) is None
+
+
 def test_cpu_profile_table_shares_and_rates():
     record = {"hardware": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2.x", "gpus": []}, "threads": 2,
               "batch_size": 64, "steps": 30, "peak_flops": 200e9, "load_average": [0.1, 0.2],
