@@ -10,6 +10,7 @@ from the same records, so `make figures` gives the same files); from any other f
 """
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,15 +79,16 @@ def step_split_figure(record, model="net"):
         reference = total if reference is None else reference * 1e3
         separable = reference <= total  # else other work slowed the runs unevenly (see report.step_split)
         reference = min(reference, total)
-        labels.append(f"{row['method']}\n{report.layout_text(row, gpus)}" + ("" if separable else "\n(no split)"))
+        labels.append(f"{textwrap.fill(row['method'], 14)}\n{report.layout_text(row, gpus)}" + ("" if separable else "\n(no split)"))
         compute.append(reference)
         communication.append(max(total - reference, 0.0))
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.bar(labels, compute, label="compute (the same step with no communication)")
     ax.bar(labels, communication, bottom=compute, label="communication and its overhead, exposed")
     ax.set(ylabel="ms per step", title=f"Where a step's time goes, batch {chosen[0]['batch_size']} per process")
+    ax.set_ylim(0, 1.3 * max(c + m for c, m in zip(compute, communication)))  # room for the legend
     ax.tick_params(axis="x", labelsize=8)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(report.machine_line(record), fontsize=9)
     return fig
 
