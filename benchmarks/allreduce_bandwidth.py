@@ -24,6 +24,14 @@ import common  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+# Imported before the process group starts, as every course script does: torchvision (through
+# core.models) imports torch._inductor, and imported after init_process_group that keeps the gloo
+# group alive past destroy_process_group. Its worker threads then outlive the script and can free a
+# tensor while Python shuts down, which aborts the process (SIGABRT, "terminate called without an
+# active exception").
+import train_allreduce  # noqa: E402
+from core import models  # noqa: E402
+
 INPUT_SHAPES = {"net": (1, 28, 28), "resnet18": (3, 32, 32)}  # one sample of each model's data
 
 
@@ -83,9 +91,6 @@ def sweep(sizes, device, budget_bytes):
 
 def gradient_allreduce(device, model_name, iterations):
     """Time train_allreduce.py's two after-backward averages on the model's real gradients."""
-    from core import models
-    import train_allreduce
-
     model = models.build_model(argparse.Namespace(model=model_name, dropout=False, seed=0)).to(device)
     sample = torch.randn(2, *INPUT_SHAPES[model_name], device=device)
     model(sample).sum().backward()
@@ -197,7 +202,7 @@ def main():
             "hardware": common.hardware(), "load_average": [load_before, common.load_average()],
             "sizes": rows, "gradients": gradients,
         })
-    dist.barrier()  # leave together: a rank tearing gloo down while its peer still writes can abort the other
+    dist.barrier()  # leave together, then free the group (it joins its gloo threads)
     dist.destroy_process_group()
 
 

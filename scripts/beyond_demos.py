@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -339,14 +341,15 @@ def demo_zero(runtime, args):
 def demo_fsdp(runtime, args):
     """FSDP2: parameters, gradients and optimizer state all sharded; whole weights exist
     only layer by layer, gathered just before they are used."""
-    from torch.distributed.fsdp import fully_shard
-
     plain = wrap_ddp(fresh_net(args, runtime), runtime)
     adam = torch.optim.Adam(plain.parameters(), lr=1e-3)
     sharded = fresh_net(args, runtime)
+    # A process group of its own: torch's DTensor caches keep the group of FSDP2's mesh alive after
+    # destroy_process_group, and the default group must go then, joining its gloo threads.
+    mesh = DeviceMesh.from_group(dist.new_group(), runtime.device.type)
     for layer in [sharded.conv1, sharded.conv2, sharded.fc1, sharded.fc2]:
-        fully_shard(layer)  # each layer its own unit: gathered for its forward, freed after
-    fully_shard(sharded)
+        fully_shard(layer, mesh=mesh)  # each layer its own unit: gathered for its forward, freed after
+    fully_shard(sharded, mesh=mesh)
     sharded_adam = torch.optim.Adam(sharded.parameters(), lr=1e-3)
     train_adam(plain, adam, runtime, args)
     train_adam(sharded, sharded_adam, runtime, args)

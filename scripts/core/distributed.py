@@ -162,8 +162,9 @@ def check_gloo_interfaces():
 
 
 def leave_together():
-    """The end of a demo: every rank waits for the others, then tears the process group down.
-    A rank that destroys gloo while its peer is still writing output can make the peer abort
+    """The end of a demo: every rank waits for the others (none closes its connections while a
+    peer still needs them), then tears the process group down, which joins gloo's worker threads.
+    Left running into Python's shutdown, one of them can free a tensor then and abort the process
     ("terminate called without an active exception")."""
     dist.barrier()
     dist.destroy_process_group()
