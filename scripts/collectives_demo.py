@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from core import cli, distributed, models
+from train_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
 
 def parse_args(argv=None):
@@ -134,9 +135,6 @@ def many_tensor_model(tensors=160, width=122):
 
 def time_averaging(device, repeats):
     """Milliseconds per call of each averaging function, for two models: {model: {mode: ms}}."""
-    # Imported here: step 2's script pulls in torchvision, which the plain demo does not need.
-    from train_allreduce import average_gradients_bucket, average_gradients_per_parameter
-
     timings = {}
     for name, model in [("Net", models.Net()), ("160 tensors", many_tensor_model())]:
         model = model.to(device)
