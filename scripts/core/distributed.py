@@ -163,7 +163,8 @@ def check_gloo_interfaces():
 
 def leave_together():
     """The end of a demo: every rank waits for the others (none closes its connections while a
-    peer still needs them), then tears the process group down, which joins gloo's worker threads.
+    peer still needs them), then tears the process group down, which joins gloo's worker threads
+    when nothing else holds the group (tests/test_teardown.py checks the scripts).
     Left running into Python's shutdown, one of them can free a tensor then and abort the process
     ("terminate called without an active exception")."""
     dist.barrier()

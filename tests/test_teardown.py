@@ -1,0 +1,76 @@
+"""Scripts free their process group before Python shuts down.
+
+`destroy_process_group()` joins gloo's worker threads when it frees the group. If something keeps the group
+alive (torchvision imported after `init_process_group` does), the threads run on into the interpreter's
+shutdown, and one of them can free a tensor then and abort the process ("terminate called without an active
+exception", SIGABRT): a rare, load-dependent failure. These tests look for its precondition, which is
+deterministic: gloo threads still alive when the script's ranks exit. A hook run at exit (``atexit``, from a
+``sitecustomize`` on PYTHONPATH) counts them.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_ok, run_torchrun, script_env
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+
+EXIT_HOOK = """
+import atexit, json, os
+
+def _gloo_threads_at_exit():
+    if "RANK" not in os.environ:
+        return
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    with open(os.environ["EXIT_REPORT"], "a") as report:
+        report.write(json.dumps({"rank": int(os.environ["RANK"]),
+                                 "gloo_threads": sum(n.startswith(("pt_gloo", "gloo")) for n in names)}) + "\\n")
+
+atexit.register(_gloo_threads_at_exit)
+"""
+
+
+def exit_env(tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(EXIT_HOOK)
+    report = tmp_path / "exit.jsonl"
+    return script_env(PYTHONPATH=os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+                      EXIT_REPORT=report), report
+
+
+def gloo_threads_at_exit(report):
+    return sorted((entry["rank"], entry["gloo_threads"]) for entry in map(json.loads, report.read_text().splitlines()))
+
+
+def test_the_hook_sees_a_group_left_alive(tmp_path):
+    """The check can fail: a script that never destroys its group exits with gloo's threads running."""
+    env, report = exit_env(tmp_path)
+    script = tmp_path / "leaves_its_group.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "dist.all_reduce(torch.ones(4))\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert_ok(done)
+    assert all(threads > 0 for _, threads in gloo_threads_at_exit(report))
+
+
+def test_allreduce_benchmark_frees_its_group(tmp_path):
+    env, report = exit_env(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "allreduce_bandwidth.py"), "--nproc", "2",
+                           "--device", "cpu", "--max-bytes", "4K", "--budget", "16K", "--records", tmp_path],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert_ok(done)
+    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
+
+
+def test_ddp_demos_free_their_group(tmp_path):
+    env, report = exit_env(tmp_path)
+    done = run_torchrun("ddp_demos.py", "--device", "cpu", "--demo", "broadcast", env=env)
+    assert_ok(done)
+    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
