@@ -173,7 +173,7 @@ def test_the_solution_passes_its_check(exercise_id, request, tmp_path, capsys):
     exercise = EXERCISES[exercise_id]
     names, extra = context(exercise_id, request, tmp_path)
     answers = run_solution(exercise, names)
-    assert exercise.check(**answers, **extra) is True
+    exercise.check(**answers, **extra)
     assert f"Exercise {exercise.number}: correct." in capsys.readouterr().out
 
 
@@ -190,8 +190,10 @@ def test_a_placeholder_is_not_attempted_and_does_not_fail(exercise_id, request, 
     exercise = EXERCISES[exercise_id]
     _, extra = context(exercise_id, request, tmp_path)
     answers = {name: ... for name in exercise.answers}
-    assert exercise.check(**answers, **extra) is False
-    assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in capsys.readouterr().out
+    exercise.check(**answers, **extra)
+    printed = capsys.readouterr().out
+    assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in printed
+    assert "correct" not in printed
 
 
 def test_placeholders_are_told_from_answers():
@@ -234,6 +236,7 @@ def test_the_notebook_holds_placeholder_load_line_and_check(exercise_id):
     check_source, check_output = text_of(check)
     assert f"exercises.{exercise.check.__name__}(" in check_source
     assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in check_output, "stored with the answer filled in?"
+    assert all(output["output_type"] == "stream" for output in check["outputs"]), "the check shows only its line"
     assert (NOTEBOOKS / exercise.solution).is_file()
 
 

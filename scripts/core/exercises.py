@@ -9,6 +9,8 @@ for), and a check cell that calls one of the functions below on the participant'
 - a wrong answer raises AssertionError with a hint that does not give the answer away;
 - a right answer prints "correct" and what the result teaches.
 
+A check returns nothing: its printed line is the verdict, and the cell shows only that line.
+
 The checks compare with the real thing wherever they can (DistributedSampler, PyTorch's
 FLOP counter, a torchrun of the collectives demo, what DDP did), not with a stored answer.
 ``EXERCISES`` lists them all, for the tests.
@@ -72,10 +74,9 @@ def exercise(notebook, number, answers):
             if missing:
                 print(f"Exercise {number}: {NOT_ATTEMPTED}. Write {' and '.join(f'`{m}`' for m in missing)} "
                       "in the cell above, run it, then run this check again.")
-                return False
+                return
             lesson = check(*args, **kwargs)
             print(f"Exercise {number}: correct. {lesson}")
-            return True
 
         EXERCISES[f"{notebook[:2]}.{number}"] = Exercise(notebook, number, tuple(answers), run)
         return run
