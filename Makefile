@@ -56,7 +56,7 @@ figures: $(ENV)
 
 ## benchmark: every method and model over the world sizes this machine allows, all_reduce bandwidth, time
 ## to 95 %, the CPU step by operator: tables, targets, figures. Records go to $(RECORDS);
-## RECORDS=benchmarks/records keeps them (and draws figs/ from them).
+## RECORDS=benchmarks/results keeps them (and draws figs/ from them).
 ## HARNESS_ARGS and TTA_ARGS pass options on (e.g. HARNESS_ARGS="--repeats 2 --epochs 2").
 RECORDS ?= results/benchmarks
 benchmark: $(ENV)

@@ -1,8 +1,8 @@
 """What every benchmark shares: paths, the hardware a record was measured on, and where records go.
 
 Records are JSON files, one per benchmark run. By default they go to ``results/benchmarks/``
-(git-ignored); the ones the README quotes are kept in ``benchmarks/records/`` (pass
-``--records benchmarks/records``, or ``make benchmark RECORDS=benchmarks/records``).
+(git-ignored); the ones the README quotes are kept in ``benchmarks/results/`` (pass
+``--records benchmarks/results``, or ``make benchmark RECORDS=benchmarks/results``).
 """
 import json
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 DEFAULT_RECORDS = REPO / "results" / "benchmarks"
-COMMITTED_RECORDS = REPO / "benchmarks" / "records"
+COMMITTED_RECORDS = REPO / "benchmarks" / "results"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 

@@ -1,6 +1,6 @@
 """Figures from benchmark records: scaling, step-time split and all_reduce bandwidth.
 
-    python benchmarks/plots.py                                  # from benchmarks/records/ into figs/
+    python benchmarks/plots.py                                  # from benchmarks/results/ into figs/
     python benchmarks/plots.py --records results/benchmarks     # fresh records, figures beside them
 
 Each figure is drawn from the newest record of its kind in --records. From the committed

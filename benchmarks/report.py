@@ -1,11 +1,11 @@
 """Tables and targets from benchmark records: what `make benchmark` prints and the README quotes.
 
-    python benchmarks/report.py benchmarks/records/harness-20260101-120000.json   # print its tables
+    python benchmarks/report.py benchmarks/results/harness-20260101-120000.json   # print its tables
     python benchmarks/report.py --update-readme                                    # refresh the README
 
 The README holds blocks of the form
 
-    <!-- record: benchmarks/records/NAME.json -->
+    <!-- record: benchmarks/results/NAME.json -->
     ...tables rendered from that record...
     <!-- /record -->
 

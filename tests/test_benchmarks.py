@@ -210,10 +210,12 @@ def test_readme_quotes_exactly_the_committed_records():
     blocks = list(report.readme_blocks(text))
     assert {Path(path).name.split("-")[0] for path, _, _ in blocks} >= {"harness", "allreduce", "time_to_accuracy"}
     for path, body, rendered in blocks:
-        assert path.startswith("benchmarks/records/"), path
+        assert path.startswith("benchmarks/results/"), path
         tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=REPO, capture_output=True)
         assert tracked.returncode == 0, f"{path} is quoted by the README but not committed"
         assert body == rendered, f"README block of {path} differs from its record: benchmarks/report.py --update-readme"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "benchmarks/results/harness-new.json"], cwd=REPO)
+    assert ignored.returncode == 1, "git ignores new records in benchmarks/results/: they could not be committed"
 
 
 # ---- all_reduce bandwidth ---------------------------------------------------------------------
@@ -261,7 +263,7 @@ def test_time_to_accuracy_writes_a_record_with_medians(tmp_path):
 
 
 def test_figures_from_the_committed_records(tmp_path):
-    done = run_benchmark("plots.py", "--records", REPO / "benchmarks" / "records", "--figs", tmp_path)
+    done = run_benchmark("plots.py", "--records", REPO / "benchmarks" / "results", "--figs", tmp_path)
     assert_ok(done)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "allreduce_bandwidth.png", "benchmark_scaling.png", "benchmark_step_split.png"]
