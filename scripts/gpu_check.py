@@ -121,6 +121,13 @@ def plan(gpus, results, quick_args, records_dir):
     return steps
 
 
+# As the Makefile's EXECUTE: the notebooks name the kernel "ddp-course", which a GPU node need not have
+# registered (`make kernel`); "python3" is this Python's own kernel.
+EXECUTE_NOTEBOOK = [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                    "--ExecutePreprocessor.kernel_name=python3",
+                    "--ExecutePreprocessor.record_timing=False"]
+
+
 def notebook_steps(results):
     """Every notebook executed on this machine (their GPU cells run where there is a GPU), into a
     temporary folder: the stored notebooks keep their outputs. Needs Jupyter's nbconvert."""
@@ -128,8 +135,7 @@ def notebook_steps(results):
         print("the notebooks are not run: Jupyter's nbconvert is not installed in this Python "
               "(with the course's environment, `make test` runs them)", flush=True)
         return []
-    return [Step(f"notebook {path.name}", [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook",
-                                           "--execute", "--output-dir", results, path])
+    return [Step(f"notebook {path.name}", [*EXECUTE_NOTEBOOK, "--output-dir", results, path])
             for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))]
 
 

@@ -458,9 +458,11 @@ def describe(plan, script_args=()):
         ("this node", f"{plan.node_rank} of {plan.nnodes}", plan.rank_source),
         ("processes", f"{plan.nproc_per_node} per node", plan.nproc_source),
         ("rendezvous", *rendezvous),
+        # The training scripts resume a restarted group whatever their flags (core.training.Trainer);
+        # --resume makes a rerun or requeued job, a first attempt again, resume too.
         ("restarts", f"up to {plan.max_restarts}", "torchrun --max-restarts; " + (
-            "with --resume, a restart continues from the last checkpoint" if "--resume" in script_args
-            else "no --resume: a restart starts the script over")),
+            "a restart and a rerun job continue from the last checkpoint" if "--resume" in script_args
+            else "a restart continues from the last checkpoint; no --resume: a rerun job starts over")),
     ]
     width = max(len(value) for _, value, _ in rows)
     lines = [f"launch.py: {where}"]

@@ -6,6 +6,7 @@ their consistency is checked (a ratio is the ratio of the numbers it is made of,
 formula, a record says where it ran). The targets live in the benchmark records.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,21 @@ def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
     assert_ok(done)
     record = only_record(tmp_path, "allreduce")
     assert (record["world_size"], record["backend"], record["device"]) == (2, "gloo", "cpu")
+
+
+def test_gpu_check_runs_a_notebook_on_a_node_where_the_course_kernel_is_not_registered(tmp_path):
+    """The notebooks name the kernel "ddp-course"; a GPU node need not have it (no `make kernel` there)."""
+    import gpu_check
+
+    notebook = tmp_path / "tiny.ipynb"
+    notebook.write_text(json.dumps({
+        "nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {
+            "name": "ddp-course", "display_name": "Python (ddp-course)", "language": "python"}},
+        "cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": None, "outputs": [],
+                   "source": "print(6 * 7)"}]}))
+    no_user_kernels = dict(os.environ, JUPYTER_DATA_DIR=str(tmp_path / "jupyter"))
+    done = subprocess.run([*gpu_check.EXECUTE_NOTEBOOK, "--output-dir", tmp_path / "out", notebook],
+                          env=no_user_kernels, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    executed = json.loads((tmp_path / "out" / "tiny.ipynb").read_text())
+    assert "".join(executed["cells"][0]["outputs"][0]["text"]) == "42\n"

@@ -56,6 +56,26 @@ def test_the_model_parallel_jobs_start_one_process_per_two_gpus():
         assert "scripts/launch.py --gpus-per-process 2" in (JOB_SCRIPTS / f"06_model_parallel.{kind}").read_text()
 
 
+TRAINING_JOBS = [path for path in PBS_JOBS + SLURM_JOBS if "COURSE_TRAIN_ARG_LIST" in path.read_text()]
+
+
+@pytest.mark.parametrize("path", TRAINING_JOBS, ids=names(TRAINING_JOBS))
+def test_every_training_job_runs_under_torchrun_so_a_dead_worker_is_restarted(path):
+    """Single-process steps too, as a group of one: torchrun --max-restarts restarts it from its checkpoint."""
+    command = path.read_text().replace("\\\n", " ")
+    assert re.search(r"(scripts/launch\.py|job_scripts/node_launch\.sh)\b.*\bscripts/train_\w+\.py", command)
+    assert not re.search(r"python scripts/train_", command), "a training script started without torchrun"
+
+
+def test_the_node_launcher_starts_torchrun_through_launch_py():
+    assert "python scripts/launch.py" in (JOB_SCRIPTS / "node_launch.sh").read_text()
+
+
+def test_there_are_training_jobs_of_one_process_and_of_many():
+    stems = {path.stem for path in TRAINING_JOBS}
+    assert {"01_baseline", "03_data_parallel", "06_cifar10_baseline", "04_ddp", "04_ddp_2nodes"} <= stems
+
+
 @pytest.mark.parametrize("path", SHELL_FILES, ids=names(SHELL_FILES))
 def test_shellcheck(path):
     if not shellcheck():
