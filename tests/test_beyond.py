@@ -112,6 +112,28 @@ def test_bf16_trains_to_the_same_accuracy_band_as_fp32(tmp_path):
     assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.02, accuracy
 
 
+def precision_run(folder, name, precision):
+    """Two steps of train_single.py at --precision, from seed 0; its final weights."""
+    assert_ok(run_python("train_single.py", "--precision", precision, "--epochs", 1, "--max-steps", 2,
+                         "--batch-size", 32, "--results-dir", folder / "results", "--run-name", name,
+                         "--checkpoint-dir", folder / name, "--save", folder / f"{name}.pt"))
+    return torch.load(folder / f"{name}.pt", weights_only=True)
+
+
+def test_bf16_really_computes_in_bf16_and_fp32_repeats_bit_for_bit(tmp_path):
+    """The accuracy band above would hold with autocast silently off; this would not. From the
+    same seed and batches, a second fp32 run ends with the first one's weights bit for bit (the
+    control: nothing else varies), and the bf16 run, whose convolutions and matmuls round their
+    results to bf16's 8-bit mantissa, ends with different weights in every tensor."""
+    fp32, again, bf16 = (precision_run(tmp_path, name, precision)
+                         for name, precision in (("fp32", "fp32"), ("fp32-again", "fp32"), ("bf16", "bf16")))
+    assert fp32.keys() == again.keys() == bf16.keys()
+    assert all(torch.equal(fp32[k], again[k]) for k in fp32)
+    same = [k for k in fp32 if torch.equal(fp32[k], bf16[k])]
+    assert not same, f"bf16 left these exactly as fp32 did: {same}"
+    assert all(bf16[k].dtype == torch.float32 for k in bf16)  # autocast computes in bf16; the weights stay fp32
+
+
 def scaled_run(folder, epochs, *extra):
     command = [PYTHON, str(REPO / "tests" / "scaled_fp32_run.py"), "--epochs", str(epochs), "--max-steps", "3",
                "--batch-size", "32", "--checkpoint-dir", str(folder / "checkpoints"),

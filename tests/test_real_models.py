@@ -5,10 +5,12 @@ CIFAR-10 cannot be downloaded here. The tests write its files in its own format
 (tests/data_makers.py says how, and why torchvision's md5 check is replaced for them and
 nothing else), and the synthetic-cifar10 data set covers the same shapes in memory.
 """
+import argparse
 import subprocess
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
@@ -128,6 +130,30 @@ def test_the_cifar_stem_costs_about_15_times_the_seed_models_compute():
     ratio = training_flops_per_image(cifar_stem) / training_flops_per_image(seed_model)
     assert 14 < ratio < 16, ratio
     assert seed_model(torch.zeros(2, 3, 32, 32)).shape == cifar_stem(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def normalised(output):
+    """Rows that are already probabilities (softmax's) or log-probabilities (log_softmax's)."""
+    ones = torch.ones(len(output))
+    return (torch.allclose(output.sum(dim=1), ones, atol=1e-4)
+            or torch.allclose(output.exp().sum(dim=1), ones, atol=1e-4))
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_every_model_returns_logits_not_probabilities(name):
+    """The loss is F.cross_entropy, which applies log_softmax itself: a model that ended in
+    softmax or log_softmax would have it applied twice. Logits take either sign, and their
+    rows neither sum to 1 nor do their exponentials."""
+    channels, height, width = models.INPUTS[name]
+    model = models.build_model(argparse.Namespace(model=name, dropout=True, seed=0)).eval()
+    images = torch.randn(8, channels, height or 32, width or 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output = model(images)
+    assert output.shape == (8, 10)
+    assert (output < 0).any() and (output > 0).any(), output  # softmax's are all >= 0, log_softmax's all <= 0
+    assert not normalised(output), output
+    # The check can fail: the same outputs after softmax or log_softmax are caught.
+    assert normalised(F.softmax(output, dim=1)) and normalised(F.log_softmax(output, dim=1))
 
 
 @pytest.mark.parametrize("model, dataset, fix", [("net", "synthetic-cifar10", "--model resnet18 or resnet18-cifar"),

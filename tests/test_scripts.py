@@ -4,6 +4,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
+from data_makers import write_image_folder, write_resnet18_weights
 
 SHORT = ("--epochs", 2, "--max-steps", 4, "--batch-size", 32)
 RECORD_KEYS = {"script", "world_size", "backend", "device", "hardware", "dataset", "model", "batch_size",
@@ -76,22 +77,48 @@ def epoch_orders(record):
     return [tuple(epoch["first_indices"]) for epoch in record["per_epoch"]]
 
 
-def run_ddp_for_orders(script_path, tmp_path, env):
-    command = torchrun_command("train_ddp.py", "--epochs", 3, "--max-steps", 1, "--results-dir", tmp_path / "r",
-                               "--run-name", "orders", "--checkpoint-dir", tmp_path / "c")
-    command[command.index(str(SCRIPTS / "train_ddp.py"))] = str(script_path)
+SET_EPOCH = "sampler.set_epoch(epoch)"
+
+
+def finetune_files(folder):
+    """A two-class ImageFolder (16 training images) and a ResNet-18 weights file to start from."""
+    write_resnet18_weights(folder / "weights.pt")
+    return ("--data-dir", write_image_folder(folder / "digits"), "--weights", folder / "weights.pt", "--batch-size", 4)
+
+
+# Every script that shuffles with a DistributedSampler, and what it needs to run one step an epoch.
+SHUFFLING_SCRIPTS = {
+    "train_ddp.py": lambda folder: (),
+    "train_allreduce.py": lambda folder: (),
+    "train_ddp_model_parallel.py": lambda folder: ("--dataset", "synthetic-cifar10", "--model", "resnet18",
+                                                   "--batch-size", 8),
+    "train_finetune.py": finetune_files,
+}
+
+
+def run_for_orders(script, script_path, folder, env, extra):
+    command = torchrun_command(script, "--epochs", 3, "--max-steps", 1, *extra, "--results-dir", folder / "r",
+                               "--run-name", "orders", "--checkpoint-dir", folder / "c")
+    command[command.index(str(SCRIPTS / script))] = str(script_path)
     assert_ok(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300))
-    return epoch_orders(read_json(tmp_path / "r" / "orders.json"))
+    return epoch_orders(read_json(folder / "r" / "orders.json"))
 
 
-def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(tmp_path):
-    orders = run_ddp_for_orders(SCRIPTS / "train_ddp.py", tmp_path / "with", script_env())
+def test_every_script_that_calls_set_epoch_is_checked_below():
+    calling = sorted(path.name for path in SCRIPTS.glob("*.py") if SET_EPOCH in path.read_text())
+    assert calling == sorted(SHUFFLING_SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SHUFFLING_SCRIPTS)
+def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, tmp_path):
+    extra = SHUFFLING_SCRIPTS[script](tmp_path)
+    orders = run_for_orders(script, SCRIPTS / script, tmp_path / "with", script_env(), extra)
     assert len(set(orders)) == 3, orders  # three epochs, three different orders
     # The same script without its set_epoch line: every epoch repeats the first one's order.
-    source = (SCRIPTS / "train_ddp.py").read_text()
-    assert "sampler.set_epoch(epoch)" in source
-    broken = tmp_path / "broken" / "train_ddp.py"
+    source = (SCRIPTS / script).read_text()
+    assert source.count(SET_EPOCH) == 1
+    broken = tmp_path / "broken" / script
     broken.parent.mkdir()
-    broken.write_text("\n".join(line for line in source.splitlines() if "sampler.set_epoch(epoch)" not in line))
-    orders = run_ddp_for_orders(broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS))
+    broken.write_text("\n".join(line for line in source.splitlines() if SET_EPOCH not in line))
+    orders = run_for_orders(script, broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS), extra)
     assert len(set(orders)) == 1, orders
