@@ -179,7 +179,7 @@ class Trainer:
                 path.unlink(missing_ok=True)
             print(f"starting fresh: the finished run's checkpoints in {reporting.display_path(self.folder)} "
                   f"were removed", flush=True)
-        self.progress.post(self.global_step, force=True)
+        self.progress.post(self.global_step, "starting", now=True)
 
     # ------------------------------------------------------------ before training
 
@@ -288,6 +288,7 @@ class Trainer:
         for group in in_groups(batches, args.accumulate):
             group = group[: limit - self.batches_done]
             group = [(x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)) for x, y in group]
+            self.progress.post(self.global_step, "training")  # before the step's first collective
             loss_sum += self.step(group)
             samples += sum(len(labels) for _, labels in group)
             self.batches_done += len(group)
@@ -297,7 +298,7 @@ class Trainer:
             if self.steps_this_process == WARMUP_STEPS:
                 self.synchronize()
                 steady_started, steady_from = time.perf_counter(), samples
-            self.progress.post(self.global_step)
+            self.progress.post(self.global_step, "between steps")
             last = self.batches_done >= limit
             if not last and args.checkpoint_every and self.global_step % args.checkpoint_every == 0:
                 self.save_checkpoint(loss_before + loss_sum.item(), samples)  # the epoch's end has its own
@@ -348,6 +349,7 @@ class Trainer:
         return self.batches.iterate(skip, seed=loader_seed)
 
     def end_epoch(self, epoch, loss_sum, samples, started, steady_started, steady_from):
+        self.progress.post(self.global_step, "ending the epoch")
         steady_samples = samples - steady_from if steady_from is not None else 0
         loss_sum, samples, steady_samples = sum_over_ranks([loss_sum, samples, steady_samples], self.runtime)
         self.synchronize()
@@ -400,5 +402,6 @@ class Trainer:
                 print(f"saved the final weights to {reporting.display_path(self.args.save)}", flush=True)
             if self.runtime.distributed:
                 dist.barrier()  # nobody reads the file before rank 0 has written it
-        self.progress.post(self.global_step, state="finished", force=True)
+        self.progress.post(self.global_step, "finished", now=True)
+        self.progress.close()
         return record
