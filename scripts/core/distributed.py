@@ -252,6 +252,24 @@ def fail_together(runtime):
         raise CourseError(f"{where}{text}{others}")
 
 
+def agree(value, view, fix):
+    """Every rank must hold the same ``value``; if any differs from rank 0's, every rank raises the same error.
+
+    For what each rank finds on its own and may find differently (files on its own node's disk, say),
+    where no rank alone is wrong but the ranks must not go on apart. ``view`` says in words what this rank
+    found; the error names the first rank that differs and rank 0, with their views, then ``fix``:
+
+        rank 1 (node-b) sees no checkpoint in ... while rank 0 (node-a) resumes from ...: <fix>
+    """
+    views = gather_from_all_ranks((value, view, socket.gethostname()))
+    differ = [rank for rank, (theirs, _, _) in enumerate(views) if theirs != views[0][0]]
+    if differ:
+        rank = differ[0]
+        others = f" [and {len(differ) - 1} more rank(s)]" if len(differ) > 1 else ""
+        raise CourseError(f"rank {rank} ({views[rank][2]}) {views[rank][1]} while rank 0 ({views[0][2]}) "
+                          f"{views[0][1]}{others}: {fix}")
+
+
 def describe_world(hosts):
     """'4 ranks on 2 node(s): node-a [0-1], node-b [2-3]' from the host of each rank."""
     ranks_by_host = {}
