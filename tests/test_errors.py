@@ -148,7 +148,11 @@ def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_pa
     (run_python, ("--batch-size", 32), "world_size 2 -> 1"),
     (run_torchrun, ("--batch-size", 64), "batch_size 32 -> 64"),
     (run_torchrun, ("--batch-size", 32, "--optimizer", "sgd"), "optimizer adam -> sgd"),
-], ids=["world size", "batch size", "optimizer"])
+    (run_torchrun, ("--batch-size", 32, "--model", "net-bn"), "model net -> net-bn"),
+    # The Net takes MNIST's 1x28x28 images only: a CIFAR-shaped data set comes with the ResNet for CIFAR.
+    (run_torchrun, ("--batch-size", 32, "--dataset", "synthetic-cifar10", "--model", "resnet18-cifar"),
+     "dataset mnist5k -> synthetic-cifar10"),
+], ids=["world size", "batch size", "optimizer", "model", "data set"])
 def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
