@@ -1,9 +1,14 @@
 """Bad input gets one clear line naming the fix and a non-zero exit, never a traceback."""
+import os
+import re
 import shutil
+import signal
+import subprocess
 
 import pytest
 
-from conftest import REPO, assert_one_line_error, error_lines, run_python, run_torchrun, script_env
+from conftest import (PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, free_port, run_python, run_torchrun,
+                      script_env)
 
 
 def test_missing_full_mnist_names_the_download_command(tmp_path):
@@ -143,7 +148,11 @@ def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_pa
     (run_python, ("--batch-size", 32), "world_size 2 -> 1"),
     (run_torchrun, ("--batch-size", 64), "batch_size 32 -> 64"),
     (run_torchrun, ("--batch-size", 32, "--optimizer", "sgd"), "optimizer adam -> sgd"),
-], ids=["world size", "batch size", "optimizer"])
+    (run_torchrun, ("--batch-size", 32, "--model", "net-bn"), "model net -> net-bn"),
+    # The Net takes MNIST's 1x28x28 images only: a CIFAR-shaped data set comes with the ResNet for CIFAR.
+    (run_torchrun, ("--batch-size", 32, "--dataset", "synthetic-cifar10", "--model", "resnet18-cifar"),
+     "dataset mnist5k -> synthetic-cifar10"),
+], ids=["world size", "batch size", "optimizer", "model", "data set"])
 def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
@@ -151,6 +160,45 @@ def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, l
                   "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "is from another run", difference)
     assert_no_training(done)
+
+
+def test_ranks_that_see_different_checkpoints_stop_together_before_training(finished_run, tmp_path):
+    """Two torchrun agents, one per 'node', each in its own working directory with the same relative
+    --checkpoint-dir, as on two nodes without a shared file system: node 0's folder holds the finished
+    run's checkpoints, node 1's is empty. Rank 0 alone would resume; every rank stops instead, with the
+    same line. (torchrun's static rendezvous keeps --node-rank, so rank 1 is the node without them.)"""
+    port = free_port()
+    nodes = []
+    for rank in (0, 1):
+        home = tmp_path / f"node{rank}"
+        (home / "checkpoints").mkdir(parents=True)
+        if rank == 0:
+            shutil.copytree(finished_run / "checkpoints", home / "checkpoints", dirs_exist_ok=True)
+        command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
+                   "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPTS / "train_ddp.py"),
+                   "--epochs", "2", "--max-steps", "3", "--batch-size", "32", "--timeout", "30",
+                   "--checkpoint-dir", "checkpoints", "--results-dir", "results", "--resume"]
+        nodes.append(subprocess.Popen(command, cwd=home, env=script_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    try:
+        results = [process.communicate(timeout=180) for process in nodes]
+    finally:  # ranks that trained apart can leave an agent waiting for the other at exit: end it and its worker
+        for process in nodes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    messages = []
+    for process, (stdout, stderr) in zip(nodes, results):
+        assert process.returncode != 0, stdout + stderr[-3000:]
+        assert not re.search(r"^epoch \d+/", stdout, re.MULTILINE) and "resumed from" not in stdout, stdout
+        lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert lines, stderr[-3000:]
+        messages.append(lines[0])
+    assert messages[0] == messages[1]  # both nodes say the same, at once
+    node0, node1 = ((tmp_path / f"node{rank}" / "checkpoints").resolve() for rank in (0, 1))
+    assert "rank 1 (" in messages[0] and f"sees no checkpoint in {node1} while rank 0 (" in messages[0], messages[0]
+    assert f"resumes from {node0 / 'checkpoint-00000003.pt'} (step 3)" in messages[0], messages[0]
+    assert messages[0].endswith("put --checkpoint-dir on a file system every node shares"), messages[0]
 
 
 def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_path):

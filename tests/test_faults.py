@@ -4,9 +4,17 @@ says which rank and what happened: never a silent hang until some far-off timeou
 The `timeout=` of each subprocess below is a hang guard, not a speed target: a stall
 drill sleeps for an hour, so finishing at all means the course's --timeout ended it.
 """
+import datetime
+import re
 import subprocess
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
 
 from conftest import PYTHON, REPO, SCRIPTS, assert_one_line_error, free_port, run_torchrun, script_env
+from core import distributed
 
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 
@@ -60,3 +68,53 @@ def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_pat
         messages.append(lines[0])
     assert messages[0] == messages[1]  # the healthy node says the same, at once
     assert "rank 1 (" in messages[0] and "mnist5k" in messages[0] and "git checkout -- data/" in messages[0]
+
+
+# ---------------------------------------------------------------- naming the rank behind, in one process
+
+TIMED_OUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms "
+                         "for recv operation to complete")
+
+
+@pytest.fixture
+def two_ranks(monkeypatch):
+    """Progress of rank 0 and rank 1 of a world of 2, on a real store in this process, as torchrun's."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    ranks = [distributed.Progress(distributed.Runtime(rank, rank, 2, 1, torch.device("cpu"), "gloo", 1,
+                                                      datetime.timedelta(seconds=5))) for rank in (0, 1)]
+    yield ranks
+    for progress in ranks:
+        progress.close()
+
+
+# What the Trainer posts, in order, over an epoch of 3 steps and into step 4: (steps done, phase).
+POSTS = [(0, "starting"), (0, "training"), (1, "between steps"), (1, "training"), (2, "between steps"),
+         (2, "training"), (3, "between steps"), (3, "ending the epoch"), (3, "training")]
+
+
+@pytest.mark.parametrize("stopped_at, named", [
+    ((3, "between steps"), True),  # stalled after step 3: its last position says step 3, as the waiter's does
+    ((3, "ending the epoch"), True),  # still ending epoch 1 (rank 0 writing its checkpoint, say)
+    ((2, "training"), True),  # stuck in step 3, before its collective
+    ((3, "training"), False),  # waiting in step 4's collective too: not behind
+    ((3, "finished"), True),  # a run told fewer epochs: it joins no collective any more
+], ids=["between steps", "ending the epoch", "in the step before", "in the same step", "finished"])
+def test_the_rank_behind_is_named_however_long_the_steps(two_ranks, stopped_at, named):
+    """Rank 0 waits in step 4's collective; rank 1 went as far as ``stopped_at`` and no further. The
+    positions reach the store from a thread within Progress.INTERVAL, so this holds for steps of any
+    length, also when both ranks' last writes say step 3."""
+    waiter, other = two_ranks
+    for step, phase in POSTS:
+        waiter.post(step, phase, now=phase == "starting")
+    mine = POSTS[:POSTS.index(stopped_at) + 1] if stopped_at in POSTS else [*POSTS[:-2], stopped_at]
+    for step, phase in mine:
+        other.post(step, phase, now=phase == "starting")
+    time.sleep(4 * distributed.Progress.INTERVAL)  # no more posts: rank 1 is stuck, rank 0 waits
+    line = waiter.explain_collective_failure(TIMED_OUT, 3)
+    assert line.startswith("rank 0 waited longer than --timeout 5 s in a collective at step 3: "), line
+    if named:
+        assert re.search(rf"rank 1 last reported step {stopped_at[0]} \d+ s ago \({stopped_at[1]}\)", line), line
+    else:
+        assert "the other ranks' progress is unknown" in line, line

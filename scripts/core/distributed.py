@@ -16,9 +16,11 @@ The step scripts call ``torch.cuda.set_device``, ``dist.init_process_group`` and
 ``dist.destroy_process_group`` themselves: those calls are the lesson. The demos use
 ``setup``, which does the same in one call.
 """
+import atexit
 import datetime
 import os
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -250,6 +252,24 @@ def fail_together(runtime):
         raise CourseError(f"{where}{text}{others}")
 
 
+def agree(value, view, fix):
+    """Every rank must hold the same ``value``; if any differs from rank 0's, every rank raises the same error.
+
+    For what each rank finds on its own and may find differently (files on its own node's disk, say),
+    where no rank alone is wrong but the ranks must not go on apart. ``view`` says in words what this rank
+    found; the error names the first rank that differs and rank 0, with their views, then ``fix``:
+
+        rank 1 (node-b) sees no checkpoint in ... while rank 0 (node-a) resumes from ...: <fix>
+    """
+    views = gather_from_all_ranks((value, view, socket.gethostname()))
+    differ = [rank for rank, (theirs, _, _) in enumerate(views) if theirs != views[0][0]]
+    if differ:
+        rank = differ[0]
+        others = f" [and {len(differ) - 1} more rank(s)]" if len(differ) > 1 else ""
+        raise CourseError(f"rank {rank} ({views[rank][2]}) {views[rank][1]} while rank 0 ({views[0][2]}) "
+                          f"{views[0][1]}{others}: {fix}")
+
+
 def describe_world(hosts):
     """'4 ranks on 2 node(s): node-a [0-1], node-b [2-3]' from the host of each rank."""
     ranks_by_host = {}
@@ -303,64 +323,118 @@ def teardown():
 # ---------------------------------------------------------------- who fell behind
 
 class Progress:
-    """Each rank posts the step it reached to the job's key-value store, at most once a second.
+    """Where each rank is, posted to the job's key-value store, so that a rank whose collective fails can say
+    which rank fell behind or died, instead of only "timed out".
 
-    When a collective times out, the rank that waited reads every rank's last post and
-    can say which one fell behind or died, instead of only "timed out". The store is
+    A rank's position is the steps it has completed and what it has done since: a phase of ``PHASES``, in the
+    order a step goes through them (the waiter of a collective in step N+1 is "training" after N steps; a rank
+    that stopped after step N is still "between steps"). Any rank whose position is behind the waiter's never
+    reached the collective the waiter is stuck in.
+
+    ``post`` only notes the position in memory: a training step pays an assignment for it. A thread writes it
+    to the store whenever it has changed, at most every ``INTERVAL`` seconds, whatever the main thread is doing
+    (computing, waiting in a collective, asleep). So a rank that stopped anywhere has its true position in the
+    store within ``INTERVAL``, long before any --timeout ends the wait, however long a step takes. The store is
     the one every rank already shares: torchrun's, at MASTER_ADDR:MASTER_PORT.
     """
 
-    INTERVAL = 1.0  # seconds between posts: negligible next to a training step
+    INTERVAL = 0.25  # seconds between writes at most: a few tiny writes a second, far below any --timeout
+    PHASES = ("starting", "between steps", "ending the epoch", "training", "finished")
 
     def __init__(self, runtime):
         self.runtime = runtime
         self.store = None
-        self.last_post = float("-inf")
+        self.position = (0, "starting", time.time())  # steps done, phase, since when
+        self.written = None
+        self.lock = threading.Lock()  # one connection to the store, shared by the writer thread and explain
+        self.stopped = threading.Event()
+        self.writer = None
         if runtime.world_size > 1:
             try:
                 self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                            is_master=False, timeout=datetime.timedelta(seconds=10))
             except (RuntimeError, KeyError, ValueError):
                 self.store = None  # diagnosis only: training does not depend on it
+        if self.store is not None:
+            self.writer = threading.Thread(target=self.keep_writing, name="course-progress", daemon=True)
+            self.writer.start()
+            atexit.register(self.close)  # stopped before the interpreter shuts down, never in the middle of a write
 
-    def post(self, step, state="training", force=False):
-        now = time.time()
-        if self.store is None or (not force and now - self.last_post < self.INTERVAL):
-            return
-        self.last_post = now
-        try:
-            self.store.set(f"course/progress/{self.runtime.rank}", f"{step} {now:.3f} {state}")
-        except RuntimeError:
-            self.store = None
+    @staticmethod
+    def key(rank):
+        return f"course/progress/{rank}"
+
+    def post(self, step, phase, now=False):
+        """This rank has completed ``step`` steps and is ``phase`` (one of PHASES) since.
+
+        ``now``: write it to the store before returning (at the start and the end), instead of within INTERVAL.
+        """
+        if (step, phase) != self.position[:2]:
+            self.position = (step, phase, time.time())
+        if now:
+            self.write()
+
+    def write(self):
+        """Write this rank's position to the store, if it changed since the last write."""
+        with self.lock:
+            position = self.position
+            if self.store is None or position == self.written:
+                return
+            step, phase, since = position
+            try:
+                self.store.set(self.key(self.runtime.rank), f"{step} {since:.3f} {phase}")
+                self.written = position
+            except RuntimeError:
+                self.store = None  # the store is gone: the job is ending
+
+    def keep_writing(self):
+        while not self.stopped.wait(self.INTERVAL) and self.store is not None:
+            self.write()
+
+    def close(self):
+        """Stop the writer thread (its last change written first)."""
+        if self.writer is not None and not self.stopped.is_set():
+            self.stopped.set()
+            self.writer.join(timeout=2 * self.INTERVAL)
+            self.write()
 
     def others(self):
-        """[(rank, step, seconds since its last post, state)] of every other rank, where known."""
-        if self.store is None:
-            return []
+        """[(rank, steps done, seconds in its phase, phase)] of every other rank, where known."""
         seen = []
-        for rank in range(self.runtime.world_size):
-            if rank == self.runtime.rank:
-                continue
-            try:
-                if not self.store.check([f"course/progress/{rank}"]):
-                    seen.append((rank, None, None, "never reported"))
+        with self.lock:
+            if self.store is None:
+                return []
+            for rank in range(self.runtime.world_size):
+                if rank == self.runtime.rank:
                     continue
-                step, stamp, state = self.store.get(f"course/progress/{rank}").decode().split(" ", 2)
-                seen.append((rank, int(step), time.time() - float(stamp), state))
-            except (RuntimeError, ValueError):
-                return seen  # the store itself is gone: the job is ending
+                try:
+                    if not self.store.check([self.key(rank)]):
+                        seen.append((rank, None, None, "never reported"))
+                        continue
+                    step, since, phase = self.store.get(self.key(rank)).decode().split(" ", 2)
+                    seen.append((rank, int(step), time.time() - float(since), phase))
+                except (RuntimeError, ValueError):
+                    return seen  # the store itself is gone: the job is ending
         return seen
 
+    def behind(self, step, phase):
+        """True when a rank at (step, phase) cannot have reached the collective this rank waits in.
+        A finished rank joins no collective any more; a phase this code does not know is reported too."""
+        mine = (self.position[0], self.PHASES.index(self.position[1]))
+        if phase == "finished" or phase not in self.PHASES:
+            return True
+        return (step, self.PHASES.index(phase)) < mine
+
     def explain_collective_failure(self, error, step):
-        """One line: what happened to this rank's collective, and who seems to be behind."""
+        """One line: what happened to this rank's collective at ``step``, and who seems to be behind."""
         text = first_line(error)
         if "Timed out" in text or "timeout" in text.lower():
             what = f"waited longer than --timeout {self.runtime.timeout.total_seconds():.0f} s in a collective"
         else:
             what = f"lost a peer in a collective ({text})"
-        laggards = [f"rank {rank} last reported step {s} {age:.0f} s ago ({state})" if s is not None
-                    else f"rank {rank} {state}"
-                    for rank, s, age, state in self.others() if s is None or s < step or state != "training"]
+        laggards = [f"rank {rank} last reported step {s} {age:.0f} s ago ({phase})" if s is not None
+                    else f"rank {rank} {phase}"
+                    for rank, s, age, phase in self.others() if s is None or self.behind(s, phase)]
         who = "; ".join(laggards) if laggards else "the other ranks' progress is unknown; their logs say why"
         return (f"rank {self.runtime.rank} {what} at step {step}: {who}. A stalled or dead rank stops every rank; "
                 f"look at its log first")

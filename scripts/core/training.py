@@ -30,7 +30,7 @@ from tqdm import tqdm
 from . import CourseError, checkpoint, faults, outputs, reporting
 from .cli import REPO
 from .data import as_tensors, evaluation_shard
-from .distributed import Progress, fail_together, gather_from_all_ranks, is_collective_failure, unwrap
+from .distributed import Progress, agree, fail_together, gather_from_all_ranks, is_collective_failure, unwrap
 
 DEFAULT_LR = {"adadelta": 1.0, "adam": 2e-3, "sgd": 0.05}
 
@@ -179,12 +179,13 @@ class Trainer:
                 path.unlink(missing_ok=True)
             print(f"starting fresh: the finished run's checkpoints in {reporting.display_path(self.folder)} "
                   f"were removed", flush=True)
-        self.progress.post(self.global_step, force=True)
+        self.progress.post(self.global_step, "starting", now=True)
 
     # ------------------------------------------------------------ before training
 
     def check_before_training(self):
-        """Outputs writable, checkpoint readable and compatible: agreed by every rank.
+        """Outputs writable, checkpoint readable and compatible, the same checkpoint on every rank: agreed by
+        every rank.
 
         Returns (checkpoint state to resume from or None, a finished run's checkpoints to replace).
         """
@@ -195,20 +196,26 @@ class Trainer:
                 outputs.check_folder(self.folder, "--checkpoint-dir")
                 if args.save:
                     outputs.check_file(args.save, "--save")
-            state, stale = self.find_checkpoint()
+            path, state, stale = self.find_checkpoint()
+        self.agree_on_checkpoint(path, state)
+        if path is None and self.resume_from() == "latest" and self.runtime.is_main:
+            print(f"no checkpoint in {reporting.display_path(self.folder)} yet: starting fresh", flush=True)
         return state, stale
 
+    def resume_from(self):
+        """None (start fresh), "latest" (the newest in the folder, if any) or a checkpoint file.
+        A group that torchrun restarted resumes whatever its command line says."""
+        return self.args.resume or (None if faults.first_attempt() else "latest")
+
     def find_checkpoint(self):
+        """(the checkpoint this rank would resume from or None, its state, a finished run's checkpoints to replace)."""
         existing = checkpoint.checkpoints_in(self.folder)
-        # A group that torchrun restarted resumes whatever its command line says.
-        resume = self.args.resume or (None if faults.first_attempt() else "latest")
+        resume = self.resume_from()
         if resume is None:
-            return None, self.finished_run(existing)
+            return None, None, self.finished_run(existing)
         if resume == "latest":
             if not existing:
-                if self.runtime.is_main:
-                    print(f"no checkpoint in {reporting.display_path(self.folder)} yet: starting fresh", flush=True)
-                return None, []
+                return None, None, []
             path = existing[-1]
         else:
             path = Path(resume)
@@ -220,7 +227,22 @@ class Trainer:
         if len(state["ranks"]) != self.runtime.world_size:
             raise CourseError(f"checkpoint {path} holds {len(state['ranks'])} rank(s)' random state, "
                               f"this run has {self.runtime.world_size}")
-        return state, []
+        return path, state, []
+
+    def agree_on_checkpoint(self, path, state):
+        """Every rank resumes from the same checkpoint, or every rank starts fresh.
+
+        Each rank looks for checkpoints in its own --checkpoint-dir. On nodes without a shared file system,
+        rank 0 may find its own node's checkpoint while a rank elsewhere finds none (or an older one): trained
+        on, those ranks would start from different weights and positions, and their collectives would no
+        longer match. So the ranks compare what they found, and all stop with the same line if it differs.
+        """
+        found = None if path is None else (path.name, state["global_step"])
+        view = (f"sees no checkpoint in {reporting.display_path(self.folder)}" if path is None else
+                f"resumes from {reporting.display_path(path)} (step {state['global_step']})")
+        fix = ("put --checkpoint-dir on a file system every node shares" if self.resume_from() == "latest" else
+               "give --resume a file on a file system every node shares")
+        agree(found, view, f"every rank must resume from the same checkpoint; {fix}")
 
     def finished_run(self, existing):
         """A fresh start may replace a finished run's checkpoints, never an unfinished one's."""
@@ -288,6 +310,7 @@ class Trainer:
         for group in in_groups(batches, args.accumulate):
             group = group[: limit - self.batches_done]
             group = [(x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)) for x, y in group]
+            self.progress.post(self.global_step, "training")  # before the step's first collective
             loss_sum += self.step(group)
             samples += sum(len(labels) for _, labels in group)
             self.batches_done += len(group)
@@ -297,7 +320,7 @@ class Trainer:
             if self.steps_this_process == WARMUP_STEPS:
                 self.synchronize()
                 steady_started, steady_from = time.perf_counter(), samples
-            self.progress.post(self.global_step)
+            self.progress.post(self.global_step, "between steps")
             last = self.batches_done >= limit
             if not last and args.checkpoint_every and self.global_step % args.checkpoint_every == 0:
                 self.save_checkpoint(loss_before + loss_sum.item(), samples)  # the epoch's end has its own
@@ -348,6 +371,7 @@ class Trainer:
         return self.batches.iterate(skip, seed=loader_seed)
 
     def end_epoch(self, epoch, loss_sum, samples, started, steady_started, steady_from):
+        self.progress.post(self.global_step, "ending the epoch")
         steady_samples = samples - steady_from if steady_from is not None else 0
         loss_sum, samples, steady_samples = sum_over_ranks([loss_sum, samples, steady_samples], self.runtime)
         self.synchronize()
@@ -400,5 +424,6 @@ class Trainer:
                 print(f"saved the final weights to {reporting.display_path(self.args.save)}", flush=True)
             if self.runtime.distributed:
                 dist.barrier()  # nobody reads the file before rank 0 has written it
-        self.progress.post(self.global_step, state="finished", force=True)
+        self.progress.post(self.global_step, "finished", now=True)
+        self.progress.close()
         return record
