@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt
 
 ## run: the whole course path (one process, all_reduce by hand, DataParallel, DDP) and a table
 run: $(ENV)
-	$(PY) scripts/run_course.py
+	$(PY) scripts/tools/run_course.py
 
 ## test: the test suite and every notebook under strict nbval
 test: $(ENV)
@@ -69,7 +69,7 @@ benchmark: $(ENV)
 ## gpu-check: every step of the course on the GPUs present, each record checked, one record of it all
 ## (without a GPU: the same steps, short, on the CPU). Needs only python3 with torch: PY=python3 works.
 gpu-check: $(ENV)
-	$(PY) scripts/gpu_check.py --records $(RECORDS)
+	$(PY) scripts/tools/gpu_check.py --records $(RECORDS)
 
 clean:
 	rm -rf results checkpoints .pytest_cache

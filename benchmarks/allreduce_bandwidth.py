@@ -8,7 +8,7 @@ Starts itself under torchrun when it was not started by it. The numbers follow n
   time    the mean of back-to-back all_reduces of one message (slowest rank);
   algbw   size / time;
   busbw   algbw x 2(n-1)/n for n ranks: what each rank's link carries, comparable across n.
-Then the course's own gradient all_reduce (the Net's gradients, as train_allreduce.py averages
+Then the course's own gradient all_reduce (the Net's gradients, as step2_allreduce.py averages
 them) is timed the same way, to compare with the sweep at the same message size.
 """
 import argparse
@@ -25,12 +25,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 # Imported before the process group starts, as every course script does: torchvision (through
-# core.models) imports torch._inductor, and imported after init_process_group that keeps the gloo
+# lesson.models) imports torch._inductor, and imported after init_process_group that keeps the gloo
 # group alive past destroy_process_group. Its worker threads then outlive the script and can free a
 # tensor while Python shuts down, which aborts the process (SIGABRT, "terminate called without an
 # active exception").
-import train_allreduce  # noqa: E402
-from core import models  # noqa: E402
+import step2_allreduce  # noqa: E402
+from lesson import models  # noqa: E402
 
 INPUT_SHAPES = {"net": (1, 28, 28), "resnet18": (3, 32, 32)}  # one sample of each model's data
 
@@ -90,7 +90,7 @@ def sweep(sizes, device, budget_bytes):
 
 
 def gradient_allreduce(device, model_name, iterations):
-    """Time train_allreduce.py's two after-backward averages on the model's real gradients."""
+    """Time step2_allreduce.py's two after-backward averages on the model's real gradients."""
     model = models.build_model(argparse.Namespace(model=model_name, dropout=False, seed=0)).to(device)
     sample = torch.randn(2, *INPUT_SHAPES[model_name], device=device)
     model(sample).sum().backward()
@@ -99,7 +99,7 @@ def gradient_allreduce(device, model_name, iterations):
     world_size = dist.get_world_size()
     result = {"model": model_name, "bytes": size, "tensors": len(grads)}
     for mode in ("bucket", "per-parameter"):
-        average = train_allreduce.AVERAGE_GRADIENTS[mode]
+        average = step2_allreduce.AVERAGE_GRADIENTS[mode]
         seconds = time_collective(lambda: average(model), iterations, device)
         result[mode] = {"seconds": seconds, "algbw_gbps": size / seconds / 1e9,
                         "busbw_gbps": bus_bandwidth(size / seconds, world_size) / 1e9}

@@ -19,7 +19,8 @@ if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
 import torch  # noqa: E402
-from core import distributed, reporting  # noqa: E402
+from lesson import process  # noqa: E402
+from machinery import reporting  # noqa: E402
 
 
 SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -40,7 +41,7 @@ def format_size(size):
 
 
 # One definition each, shared with the training scripts' records.
-usable_cores = distributed.usable_cpus
+usable_cores = process.usable_cpus
 cpu_name = reporting.cpu_name
 
 

@@ -63,16 +63,16 @@ class Model:
 
 
 METHODS = [
-    Method("one process", "train_single.py", False),
-    Method("all_reduce per-parameter", "train_allreduce.py", True, ("--mode", "per-parameter")),
-    Method("all_reduce bucket", "train_allreduce.py", True, ("--mode", "bucket")),
-    Method("all_reduce overlap", "train_allreduce.py", True, ("--mode", "overlap")),
-    Method("all_reduce overlap-bucket", "train_allreduce.py", True, ("--mode", "overlap-bucket")),
-    Method("DataParallel", "train_dp.py", False,
+    Method("one process", "step1_baseline.py", False),
+    Method("all_reduce per-parameter", "step2_allreduce.py", True, ("--mode", "per-parameter")),
+    Method("all_reduce bucket", "step2_allreduce.py", True, ("--mode", "bucket")),
+    Method("all_reduce overlap", "step2b_own_ddp.py", True, ("--mode", "overlap")),
+    Method("all_reduce overlap-bucket", "step2b_own_ddp.py", True, ("--mode", "overlap-bucket")),
+    Method("DataParallel", "step3_data_parallel.py", False,
            needs_gpu="DataParallel needs GPUs: on a CPU it calls the model in one process, as step 1 does"),
-    Method("DDP", "train_ddp.py", True),
-    Method("DDP no_sync, accumulate 4", "train_ddp.py", True, ("--accumulate", "4")),
-    Method("one process, seed-004 recipe", "train_single.py", False,
+    Method("DDP", "step4_ddp.py", True),
+    Method("DDP no_sync, accumulate 4", "step4_ddp.py", True, ("--accumulate", "4")),
+    Method("one process, seed-004 recipe", "step1_baseline.py", False,
            ("--loader", "dataloader", "--workers", "1", "--pin-memory", "--optimizer", "adadelta", "--lr", "1.0"),
            needs_gpu="the seed-004 recipe is compared on a GPU (on a CPU: benchmarks/time_to_accuracy.py)"),
 ]
@@ -142,7 +142,7 @@ def plan(methods, models, machine):
                 continue
             if method.distributed:
                 runs += [Run(method, model, Layout(n, threads_for(n, machine), batch), "scaling") for n in counts]
-            elif method.script == "train_dp.py":
+            elif method.script == "step3_data_parallel.py":
                 runs.append(Run(method, model, Layout(1, None, batch), "scaling"))  # batch per GPU
             else:
                 runs += single_process_runs(method, model, machine, counts)

@@ -105,7 +105,7 @@ def overlap_targets(step, world):
         results.append(target("after-backward bucket step / overlap-bucket step", bucket / overlapped, "> 1",
                               bucket > overlapped))
     else:
-        why = "train_allreduce.py has no --mode overlap-bucket yet"
+        why = "step2_allreduce.py has no --mode overlap-bucket yet"
         results += [skipped(name, goal, why), skipped("after-backward bucket step / overlap-bucket step", "> 1", why)]
     others = [s for m, s in step.items() if s and m != "all_reduce per-parameter"]
     if per_parameter and others:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import report  # noqa: E402
 import torch  # noqa: E402
-from core import data, distributed, models, training  # noqa: E402
+from lesson import data, loop, models, process  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 RECIPES = {
@@ -47,18 +47,18 @@ def run_once(recipe, train_set, test_set, args, runtime, seed):
     model = models.build_model(run_args)  # seeded from seed: every recipe starts from the same weights
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed)
     batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)
-    optimizer, scheduler = training.make_optimizer(model, run_args)
+    optimizer, scheduler = loop.make_optimizer(model, run_args)
     clock, steps = 0.0, 0
     for epoch in range(1, args.max_epochs + 1):
         sampler.set_epoch(epoch)
         model.train()
         started = time.perf_counter()
         for images, labels in batches:
-            training.train_step(model, optimizer, images, labels)
+            loop.train_step(model, optimizer, images, labels)
             steps += 1
             if steps % args.eval_every == 0:
                 clock += time.perf_counter() - started
-                accuracy = training.evaluate(model, test_set, runtime, 500)["test_accuracy"]
+                accuracy = loop.evaluate(model, test_set, runtime, 500)["test_accuracy"]
                 if accuracy >= args.target:
                     return {"seconds": clock, "steps": steps, "epochs": steps / len(batches), "accuracy": accuracy}
                 model.train()
@@ -81,10 +81,10 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipes = dict(RECIPES, **dict(args.recipe))
-    runtime = distributed.Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+    runtime = process.Runtime(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
                                   backend=None, threads=args.threads, timeout=datetime.timedelta(seconds=300))
     train_set, test_dataset = data.load_datasets("mnist5k", common.REPO / "data")
-    test_set = training.TestSet(test_dataset, runtime)
+    test_set = loop.TestSet(test_dataset, runtime)
     runs = {name: [] for name in recipes}
     load_before = common.load_average()
     for repeat in range(args.repeats):

@@ -13,7 +13,7 @@ source job_scripts/site.sh
 
 # Extra arguments, split at spaces (no quoting inside):
 #   COURSE_ARGS         for the training script: "--epochs 1 --batch-size 128"
-#   COURSE_LAUNCH_ARGS  for scripts/launch.py (jobs that use it): "--port 23456", "--nproc-per-node 1"
+#   COURSE_LAUNCH_ARGS  for scripts/tools/launch.py (jobs that use it): "--port 23456", "--nproc-per-node 1"
 # Pass them at submission:
 #   qsub -v COURSE_ARGS="--epochs 1",COURSE_LAUNCH_ARGS="--port 23456" job_scripts/04_ddp_2nodes.pbs
 #   COURSE_ARGS="--epochs 1" sbatch job_scripts/04_ddp.sbatch
@@ -25,7 +25,7 @@ read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 # Checkpoints. Every job trains with --resume into a checkpoint folder of its own,
 # checkpoints/<job name>-<job id> by default, so that a job the scheduler runs again
 # under the same id (PBS: qrerun, a node failure; Slurm: requeue) continues from its
-# last checkpoint, as does a worker group that torchrun restarts (scripts/launch.py
+# last checkpoint, as does a worker group that torchrun restarts (scripts/tools/launch.py
 # --max-restarts). To continue a job that ran out of walltime, submit it again with its
 # folder: qsub -v COURSE_CHECKPOINT_DIR=checkpoints/ddp04_ddp-1234.server JOB
 # (the same COURSE_ARGS, or the checkpoint is refused as another run's).

@@ -1,10 +1,10 @@
 #!/bin/bash
 # One node's part of a multi-node PBS job. pbsdsh starts it on every node (see
-# 04_ddp_2nodes.pbs); it runs scripts/launch.py, which becomes this node's torchrun.
+# 04_ddp_2nodes.pbs); it runs scripts/tools/launch.py, which becomes this node's torchrun.
 #
 #   node_launch.sh COURSE_DIR JOB_DIR [LAUNCH_OPTIONS...] SCRIPT [SCRIPT_ARGS...]
 #
-# Everything after JOB_DIR goes to scripts/launch.py as it is.
+# Everything after JOB_DIR goes to scripts/tools/launch.py as it is.
 #
 # A pbsdsh task gets nothing of what the job script did: it starts in the home
 # directory, with PATH=/bin:/usr/bin, umask 077, no login shell (so no `module`
@@ -31,4 +31,4 @@ cd "$course_dir"
 source job_scripts/common.sh
 course_load_setup "$job_dir/setup.env"
 echo "== node $node: $(hostname), python $(command -v python)"
-python scripts/launch.py "$@"
+python scripts/tools/launch.py "$@"

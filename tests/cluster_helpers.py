@@ -21,7 +21,7 @@ SHORT_RUN = "--epochs 1 --max-steps 5"
 
 @functools.cache
 def load_launcher():
-    """scripts/launch.py as a module (scripts/ is not a package)."""
+    """scripts/tools/launch.py as a module (scripts/ is not a package)."""
     spec = importlib.util.spec_from_file_location("course_launch", LAUNCHER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""train_single.py with its GradScaler switched on for fp32 on a CPU, growing every step.
+"""step1_baseline.py with its GradScaler switched on for fp32 on a CPU, growing every step.
 
 fp16, the only precision that enables the scaler, needs a GPU; this run lets a CPU test see
 the checkpoint path carry a real, changing scaler state. The scaler is PyTorch's own
@@ -8,7 +8,7 @@ tells how many steps it has seen. Run with scripts/ on PYTHONPATH.
 """
 import torch
 
-import train_single
+import step1_baseline
 from core import cli, training
 
 INITIAL_SCALE = 2.0 ** 10
@@ -22,4 +22,4 @@ class GrowingScalerFP32(training.Precision):
 
 if __name__ == "__main__":
     training.Precision = GrowingScalerFP32  # the Trainer builds its Precision from this module's name
-    cli.run(train_single.main)
+    cli.run(step1_baseline.main)

@@ -69,8 +69,8 @@ def test_compute_only_runs_take_the_steps_of_one_distributed_process():
 
 
 def test_not_accepted_is_told_from_a_failure():
-    argparse_error = "usage: train_allreduce.py [-h]\ntrain_allreduce.py: error: argument --mode: invalid choice: 'x'"
-    assert harness.why_not_accepted(argparse_error).startswith("train_allreduce.py: error: argument --mode")
+    argparse_error = "usage: step2_allreduce.py [-h]\ntrain_allreduce.py: error: argument --mode: invalid choice: 'x'"
+    assert harness.why_not_accepted(argparse_error).startswith("step2_allreduce.py: error: argument --mode")
     assert harness.why_not_accepted("error: unknown --model 'vit'; choose one of: net") is not None
     assert harness.why_not_accepted("Traceback (most recent call last):\nRuntimeError: boom") is None
 
@@ -79,7 +79,7 @@ def test_an_entry_the_scripts_do_not_accept_is_skipped_and_said(tmp_path):
     """Real runs of the scripts with a mode and a data set they do not know: skipped, with their reason."""
     machine = harness.Machine(gpus=0, cores=2)
     net = harness.MODELS[0]
-    unknown_mode = harness.Method("no such mode", "train_allreduce.py", True, ("--mode", "no-such-mode"))
+    unknown_mode = harness.Method("no such mode", "step2_allreduce.py", True, ("--mode", "no-such-mode"))
     run = harness.Run(unknown_mode, net, harness.Layout(2, 1, 64), "scaling")
     assert harness.run_once(run, tmp_path, "a", 1, machine) is None
     assert "invalid choice: 'no-such-mode'" in machine.skipped["no such mode (net)"]
@@ -93,7 +93,7 @@ def test_an_entry_the_scripts_do_not_accept_is_skipped_and_said(tmp_path):
 
 def test_a_real_failure_is_not_taken_for_a_skip(tmp_path):
     machine = harness.Machine(gpus=0, cores=2)
-    broken = harness.Method("broken", "train_single.py", False, ("--timeout", "0"))  # argparse: must be >= 1
+    broken = harness.Method("broken", "step1_baseline.py", False, ("--timeout", "0"))  # argparse: must be >= 1
     run = harness.Run(broken, harness.MODELS[0], harness.Layout(1, 1, 64), "scaling")
     with pytest.raises(RuntimeError, match="failed"):
         harness.run_once(run, tmp_path, "c", 1, machine)
@@ -154,7 +154,7 @@ def test_targets_that_are_missed_or_cannot_be_measured_say_so():
     assert targets[3]["met"] is False  # per parameter was not the slowest here
     assert targets[5]["met"] is False and targets[5]["measured"] == 0.3
     table = report.targets_table(targets)
-    assert "| **no** |" in table and "not measured: train_allreduce.py has no --mode overlap-bucket yet" in table
+    assert "| **no** |" in table and "not measured: step2_allreduce.py has no --mode overlap-bucket yet" in table
 
 
 def test_targets_measured_on_a_busy_machine_are_shown_but_not_judged():

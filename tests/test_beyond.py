@@ -1,4 +1,4 @@
-"""Beyond the defaults (scripts/beyond_demos.py, own_ddp.py and the Trainer's options): every
+"""Beyond the defaults (scripts/demos/beyond_ddp.py, own_ddp.py and the Trainer's options): every
 claim of notebook 07 checked against what a real 2-process gloo run did.
 
 The demos run once for the module; the other tests start the training scripts themselves.
@@ -19,7 +19,7 @@ K = 4  # micro-batches per optimizer step in the accumulate demo
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
     out = tmp_path_factory.mktemp("beyond") / "observed.json"
-    done = run_torchrun("beyond_demos.py", "--micro-batches", K, "--json", out)
+    done = run_torchrun("demos/beyond_ddp.py", "--micro-batches", K, "--json", out)
     assert_ok(done)
     return read_json(out)
 
@@ -62,7 +62,7 @@ def test_every_mode_leaves_the_same_gradients_on_every_rank(observed, mode):
 
 def test_train_allreduce_trains_with_the_overlap_modes(results_dir, tmp_path):
     for mode in ("overlap", "overlap-bucket"):
-        done = run_torchrun("train_allreduce.py", "--mode", mode, "--epochs", 1, "--max-steps", 3,
+        done = run_torchrun("step2_allreduce.py", "--mode", mode, "--epochs", 1, "--max-steps", 3,
                             "--results-dir", results_dir, "--run-name", mode, "--checkpoint-dir", tmp_path / mode)
         assert_ok(done)
         assert read_json(results_dir / f"{mode}.json")["per_epoch"][0]["train_loss"] > 0
@@ -82,7 +82,7 @@ def test_no_sync_synchronises_once_per_optimizer_step_and_without_it_k_times(obs
     assert accumulate["without no_sync"]["numbers_per_step"] == K * accumulate["no_sync"]["numbers_per_step"]
 
 
-@pytest.mark.parametrize("script, mode", [("train_ddp.py", ()), ("train_allreduce.py", ("--mode", "overlap-bucket"))])
+@pytest.mark.parametrize("script, mode", [("step4_ddp.py", ()), ("step2_allreduce.py", ("--mode", "overlap-bucket"))])
 def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path, script, mode):
     """--accumulate 2 with batches of 16 per rank is one step on 32 per rank: the same weights.
     (DDP and the hand-written overlap both skip the sync inside no_sync.)"""
@@ -104,7 +104,7 @@ def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path,
 def test_bf16_trains_to_the_same_accuracy_band_as_fp32(tmp_path):
     accuracy = {}
     for precision in ("fp32", "bf16"):
-        assert_ok(run_torchrun("train_ddp.py", "--epochs", 1, "--precision", precision, "--results-dir", tmp_path,
+        assert_ok(run_torchrun("step4_ddp.py", "--epochs", 1, "--precision", precision, "--results-dir", tmp_path,
                                "--run-name", precision, "--checkpoint-dir", tmp_path / precision, timeout=600))
         record = read_json(tmp_path / f"{precision}.json")
         accuracy[precision] = record["final_test_accuracy"]
@@ -113,8 +113,8 @@ def test_bf16_trains_to_the_same_accuracy_band_as_fp32(tmp_path):
 
 
 def precision_run(folder, name, precision):
-    """Two steps of train_single.py at --precision, from seed 0; its final weights."""
-    assert_ok(run_python("train_single.py", "--precision", precision, "--epochs", 1, "--max-steps", 2,
+    """Two steps of step1_baseline.py at --precision, from seed 0; its final weights."""
+    assert_ok(run_python("step1_baseline.py", "--precision", precision, "--epochs", 1, "--max-steps", 2,
                          "--batch-size", 32, "--results-dir", folder / "results", "--run-name", name,
                          "--checkpoint-dir", folder / name, "--save", folder / f"{name}.pt"))
     return torch.load(folder / f"{name}.pt", weights_only=True)
@@ -160,7 +160,7 @@ def test_a_checkpoint_holds_the_gradient_scaler_state_and_a_resume_restores_it(t
 
 
 def test_fp16_on_a_cpu_is_refused_in_one_line():
-    done = run_python("train_single.py", "--precision", "fp16", "--max-steps", 1)
+    done = run_python("step1_baseline.py", "--precision", "fp16", "--max-steps", 1)
     assert_one_line_error(done, "--precision fp16 needs a CUDA GPU", "bf16")
 
 
@@ -181,14 +181,14 @@ def test_torch_sync_batchnorm_has_no_cpu_forward_which_is_why_the_course_adds_on
 
 
 def test_train_ddp_trains_with_sync_bn(results_dir, tmp_path):
-    done = run_torchrun("train_ddp.py", "--model", "net-bn", "--sync-bn", "--epochs", 1, "--max-steps", 2,
+    done = run_torchrun("step4_ddp.py", "--model", "net-bn", "--sync-bn", "--epochs", 1, "--max-steps", 2,
                         "--results-dir", results_dir, "--run-name", "syncbn", "--checkpoint-dir", tmp_path / "c")
     assert_ok(done)
     assert read_json(results_dir / "syncbn.json")["model"] == "net-bn"
 
 
 def test_sync_bn_on_a_model_without_batchnorm_is_refused_in_one_line():
-    done = run_python("train_single.py", "--sync-bn", "--max-steps", 1)
+    done = run_python("step1_baseline.py", "--sync-bn", "--max-steps", 1)
     assert_one_line_error(done, "--sync-bn", "net-bn")
 
 
@@ -200,7 +200,7 @@ def test_uneven_inputs_complete_under_join(observed):
 
 
 def test_uneven_inputs_without_join_end_in_a_one_line_error_not_a_hang():
-    done = run_torchrun("beyond_demos.py", "--demo", "no-join", "--timeout", 5, timeout=120)
+    done = run_torchrun("demos/beyond_ddp.py", "--demo", "no-join", "--timeout", 5, timeout=120)
     assert done.returncode != 0
     lines = error_lines(done)
     assert any("rank 0 finished its 3 batches, but the others never arrived" in line and "Join" in line

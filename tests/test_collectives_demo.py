@@ -1,4 +1,4 @@
-"""scripts/collectives_demo.py under torchrun: every rank ends with what the collective promises,
+"""scripts/demos/collectives.py under torchrun: every rank ends with what the collective promises,
 and the printed report is in rank order on every run."""
 import json
 import subprocess
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_demo(tmp_path, nproc):
     record = tmp_path / "collectives.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(REPO / "scripts" / "collectives_demo.py"), "--device", "cpu", "--backend", "gloo",
+               str(REPO / "scripts" / "demos/collectives.py"), "--device", "cpu", "--backend", "gloo",
                "--json", str(record)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -62,7 +62,7 @@ def test_only_rank_0_prints_in_rank_order(two_ranks):
 def test_time_averaging_times_both_functions_on_both_models(tmp_path):
     record = tmp_path / "timings.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "scripts" / "collectives_demo.py"), "--device", "cpu", "--backend", "gloo",
+               str(REPO / "scripts" / "demos/collectives.py"), "--device", "cpu", "--backend", "gloo",
                "--time-averaging", "--repeats", "2", "--json", str(record)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

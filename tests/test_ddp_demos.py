@@ -1,4 +1,4 @@
-"""scripts/ddp_demos.py under torchrun (2 gloo processes): each demo observes what the
+"""scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
 notebook 04_ddp says DDP does."""
 import json
 import subprocess
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def demos(tmp_path_factory):
     folder = tmp_path_factory.mktemp("demos")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "scripts" / "ddp_demos.py"), "--device", "cpu",
+               str(REPO / "scripts" / "demos/ddp_mechanics.py"), "--device", "cpu",
                "--json", str(folder / "demos.json"), "--save-prefixed", str(folder / "prefixed.pt")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""scripts/download_data.py fails cleanly (one line, exit 1, no traceback) when it cannot reach the internet."""
+"""scripts/tools/download_data.py fails cleanly (one line, exit 1, no traceback) when it cannot reach the internet."""
 import os
 import socket
 import subprocess
@@ -72,12 +72,12 @@ def test_the_weights_go_where_train_finetune_reads_them(tmp_path, monkeypatch):
 def test_the_ants_and_bees_go_where_the_imagefolder_default_reads_them(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
     import download_data
-    import train_finetune
+    import step6_finetune
     from core import cli
 
     args = download_data.parse_args(["hymenoptera", "--data-dir", str(tmp_path)])
     assert download_data.destination("hymenoptera", args) == tmp_path / "hymenoptera_data"
-    defaults = cli.parse_args(["--pretrained"], add_arguments=train_finetune.add_arguments)
+    defaults = cli.parse_args(["--pretrained"], add_arguments=step6_finetune.add_arguments)
     assert defaults.data_dir == download_data.DEFAULT_DATA_DIR / "hymenoptera_data"
 
 
@@ -89,7 +89,7 @@ def test_what_is_there_already_is_not_downloaded_again(tmp_path):
                           tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "hymenoptera is there already" in result.stdout and "resnet18-weights is there already" in result.stdout
-    assert f"train with: torchrun --nproc-per-node=2 scripts/train_finetune.py --weights {weights}" in result.stdout
+    assert f"train with: torchrun --nproc-per-node=2 scripts/step6_finetune.py --weights {weights}" in result.stdout
     assert weights.read_bytes() == b"weights"
 
 

@@ -1,4 +1,4 @@
-"""scripts/dp_anatomy.py: the four DataParallel stages, done by hand on one device, compute what
+"""scripts/demos/dp_anatomy.py: the four DataParallel stages, done by hand on one device, compute what
 nn.DataParallel computes: the same outputs, and the gradient of the whole batch."""
 import pytest
 import torch

@@ -2,7 +2,7 @@
 with batch W x B, for the hand-written all_reduce (after backward, per parameter and in one
 bucket; during backward, per parameter and in buckets: own_ddp.py) and for DDP.
 
-Dropout is off in these runs (verify_equivalence.py turns it off): its random masks
+Dropout is off in these runs (demos/verify_equivalence.py turns it off): its random masks
 would differ between one process and two, whatever the seeds.
 """
 import pytest
@@ -15,7 +15,7 @@ AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]
 @pytest.fixture(scope="module", params=["adadelta", "sgd"])
 def differences(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("equivalence") / "differences.json"
-    done = run_torchrun("verify_equivalence.py", "--steps", 5, "--batch-size", 32,
+    done = run_torchrun("demos/verify_equivalence.py", "--steps", 5, "--batch-size", 32,
                         "--optimizer", request.param, "--json", out)
     assert_ok(done)
     return read_json(out)

@@ -12,36 +12,36 @@ from conftest import (PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines,
 
 
 def test_missing_full_mnist_names_the_download_command(tmp_path):
-    done = run_python("train_single.py", "--dataset", "mnist", "--data-dir", tmp_path, "--epochs", 1)
-    assert_one_line_error(done, "mnist not found", "python scripts/download_data.py mnist")
+    done = run_python("step1_baseline.py", "--dataset", "mnist", "--data-dir", tmp_path, "--epochs", 1)
+    assert_one_line_error(done, "mnist not found", "python scripts/tools/download_data.py mnist")
 
 
 def test_unknown_dataset_lists_the_choices():
-    assert_one_line_error(run_python("train_single.py", "--dataset", "imagenet"), "mnist5k", "mnist")
+    assert_one_line_error(run_python("step1_baseline.py", "--dataset", "imagenet"), "mnist5k", "mnist")
 
 
 def test_cuda_asked_for_without_a_gpu():
-    assert_one_line_error(run_python("train_single.py", "--device", "cuda"), "--device cpu")
+    assert_one_line_error(run_python("step1_baseline.py", "--device", "cuda"), "--device cpu")
 
 
 def test_nccl_asked_for_on_cpu():
-    assert_one_line_error(run_torchrun("train_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
+    assert_one_line_error(run_torchrun("step4_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
 
 
 def test_a_gloo_interface_this_host_lacks():
     """Gloo alone would end in a C++ enforce failure and a traceback, on every rank."""
-    done = run_torchrun("train_ddp.py", "--max-steps", "1", env=script_env(GLOO_SOCKET_IFNAME="nope0"))
+    done = run_torchrun("step4_ddp.py", "--max-steps", "1", env=script_env(GLOO_SOCKET_IFNAME="nope0"))
     assert_one_line_error(done, "GLOO_SOCKET_IFNAME=nope0 names no interface of this host", "lo")
     assert len(set(error_lines(done))) == 1  # each rank that got to say it, the same line
 
 
 def test_single_process_script_under_torchrun_with_two_processes():
-    assert_one_line_error(run_torchrun("train_single.py"), "start it with python")
+    assert_one_line_error(run_torchrun("step1_baseline.py"), "start it with python")
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--batch-size"])
 def test_non_positive_numbers_are_refused_by_the_parser(flag):
-    done = run_python("train_single.py", flag, "0")
+    done = run_python("step1_baseline.py", flag, "0")
     assert done.returncode == 2 and "must be at least 1" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -61,39 +61,39 @@ def outputs(tmp_path):
 
 def test_results_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
-    done = run_torchrun("train_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
+    done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
     assert_one_line_error(done, "--results-dir", "is a file, not a folder")
     assert_no_training(done)
 
 
 def test_checkpoint_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
-    done = run_python("train_single.py", *SHORT, "--results-dir", tmp_path / "r", "--checkpoint-dir", tmp_path / "taken")
+    done = run_python("step1_baseline.py", *SHORT, "--results-dir", tmp_path / "r", "--checkpoint-dir", tmp_path / "taken")
     assert_one_line_error(done, "--checkpoint-dir", "is a file, not a folder")
     assert_no_training(done)
 
 
 def test_save_path_that_is_a_folder(tmp_path):
-    done = run_python("train_single.py", *SHORT, *outputs(tmp_path), "--save", tmp_path)
+    done = run_python("step1_baseline.py", *SHORT, *outputs(tmp_path), "--save", tmp_path)
     assert_one_line_error(done, "--save", "is a folder")
     assert_no_training(done)
 
 
 def test_save_path_that_cannot_be_written(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
-    done = run_torchrun("train_ddp.py", *SHORT, *outputs(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
+    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
     assert_one_line_error(done, "--save's folder", "cannot be created")
     assert_no_training(done)
 
 
 def test_rank_set_without_the_rest_of_torchruns_variables():
-    done = run_python("train_ddp.py", *SHORT, env=script_env(RANK=0))
+    done = run_python("step4_ddp.py", *SHORT, env=script_env(RANK=0))
     assert_one_line_error(done, "RANK set but not", "MASTER_ADDR", "start the script with torchrun")
 
 
 def test_inconsistent_world_size():
     env = script_env(RANK=3, LOCAL_RANK=0, WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=29999)
-    assert_one_line_error(run_python("train_ddp.py", *SHORT, env=env), "inconsistent torchrun variables", "RANK=3")
+    assert_one_line_error(run_python("step4_ddp.py", *SHORT, env=env), "inconsistent torchrun variables", "RANK=3")
 
 
 def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
@@ -101,7 +101,7 @@ def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
     shutil.copytree(REPO / "data" / "mnist5k" / "MNIST" / "raw", raw)
     images = raw / "train-images-idx3-ubyte"
     images.write_bytes(images.read_bytes()[:100_000])
-    done = run_python("train_single.py", *SHORT, *outputs(tmp_path), "--data-dir", tmp_path)
+    done = run_python("step1_baseline.py", *SHORT, *outputs(tmp_path), "--data-dir", tmp_path)
     assert_one_line_error(done, "is damaged", "git checkout -- data/")
     assert "not found" not in done.stderr
 
@@ -110,7 +110,7 @@ def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
 def finished_run(tmp_path_factory):
     """A finished 2-process run with its checkpoints: steps 2 (mid-epoch) and 3 (end)."""
     folder = tmp_path_factory.mktemp("finished")
-    done = run_torchrun("train_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
+    done = run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
                         "--batch-size", 32, *outputs(folder), "--save", folder / "weights.pt")
     assert "epoch 1/1" in done.stdout, done.stderr
     return folder
@@ -130,7 +130,7 @@ def damaged_copy(finished_run, tmp_path, damage):
 def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage):
     folder, newest = damaged_copy(finished_run, tmp_path, damage)
     before = newest.read_bytes()
-    done = run_torchrun("train_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
+    done = run_torchrun("step4_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
                         "--checkpoint-dir", folder, "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "checkpoint-00000003.pt cannot be read", "move it out of the folder")
     assert_no_training(done)
@@ -138,7 +138,7 @@ def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage
 
 
 def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_path):
-    done = run_torchrun("train_ddp.py", *SHORT, "--batch-size", 32, *outputs(tmp_path),
+    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, *outputs(tmp_path),
                         "--resume", finished_run / "weights.pt")
     assert_one_line_error(done, "is not a checkpoint of this course")
     assert_no_training(done)
@@ -156,7 +156,7 @@ def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_pa
 def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
-    done = launch("train_ddp.py", "--epochs", 2, *extra, "--checkpoint-dir", folder,
+    done = launch("step4_ddp.py", "--epochs", 2, *extra, "--checkpoint-dir", folder,
                   "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "is from another run", difference)
     assert_no_training(done)
@@ -175,7 +175,7 @@ def test_ranks_that_see_different_checkpoints_stop_together_before_training(fini
         if rank == 0:
             shutil.copytree(finished_run / "checkpoints", home / "checkpoints", dirs_exist_ok=True)
         command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
-                   "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPTS / "train_ddp.py"),
+                   "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPTS / "step4_ddp.py"),
                    "--epochs", "2", "--max-steps", "3", "--batch-size", "32", "--timeout", "30",
                    "--checkpoint-dir", "checkpoints", "--results-dir", "results", "--resume"]
         nodes.append(subprocess.Popen(command, cwd=home, env=script_env(), stdout=subprocess.PIPE,
@@ -205,7 +205,7 @@ def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
     (folder / "checkpoint-00000003.pt").unlink()  # the newest left is mid-epoch: unfinished
-    done = run_torchrun("train_ddp.py", *SHORT, "--batch-size", 32, "--checkpoint-dir", folder,
+    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, "--checkpoint-dir", folder,
                         "--results-dir", tmp_path / "r")
     assert_one_line_error(done, "holds an unfinished run", "add --resume")
     assert_no_training(done)
@@ -215,7 +215,7 @@ def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_
 def test_a_fresh_start_replaces_a_finished_run(finished_run, tmp_path):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
-    done = run_torchrun("train_ddp.py", "--epochs", 1, "--max-steps", 1, "--batch-size", 32,
+    done = run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 1, "--batch-size", 32,
                         "--checkpoint-dir", folder, "--results-dir", tmp_path / "r")
     assert done.returncode == 0, done.stderr
     assert "starting fresh: the finished run's checkpoints" in done.stdout

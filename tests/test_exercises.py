@@ -33,7 +33,7 @@ def ddp_buckets(tmp_path_factory):
     """What DDP did with its buckets, from a real torchrun of the demo (notebook 04 shows the same)."""
     record = tmp_path_factory.mktemp("ddp") / "demos.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(SCRIPTS / "ddp_demos.py"), "--demo", "buckets", "--device", "cpu", "--json", str(record)]
+               str(SCRIPTS / "demos/ddp_mechanics.py"), "--demo", "buckets", "--device", "cpu", "--json", str(record)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(record.read_text())["buckets"]
@@ -44,7 +44,7 @@ def beyond_observed(tmp_path_factory):
     """What gradient accumulation and ZeRO-1 did, from a real torchrun of the demos (notebook 07 shows the same)."""
     record = tmp_path_factory.mktemp("beyond") / "demos.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(SCRIPTS / "beyond_demos.py"), "--demo", "accumulate", "zero", "--device", "cpu", "--json", str(record)]
+               str(SCRIPTS / "demos/beyond_ddp.py"), "--demo", "accumulate", "zero", "--device", "cpu", "--json", str(record)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(record.read_text())

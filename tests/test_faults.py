@@ -24,7 +24,7 @@ def outputs(tmp_path):
 
 
 def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
-    done = run_torchrun("train_ddp.py", *SHORT, *outputs(tmp_path), "--timeout", 5,
+    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path), "--timeout", 5,
                         "--fault", "stall", "--fault-rank", 1, "--fault-step", 3, timeout=180)
     assert done.returncode != 0
     assert "fault drill: rank 1 stalls" in done.stdout
@@ -34,7 +34,7 @@ def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
 
 
 def test_a_rank_that_exits_early_ends_the_job_and_torchrun_names_it(tmp_path):
-    done = run_torchrun("train_ddp.py", *SHORT, *outputs(tmp_path),
+    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path),
                         "--fault", "exit", "--fault-rank", 1, "--fault-step", 3, timeout=180)
     assert done.returncode != 0
     assert "fault drill: rank 1 exits with status 3 after step 3" in done.stdout
@@ -50,7 +50,7 @@ def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_pat
     def node(rank, data_dir):
         command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
                    "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                   str(SCRIPTS / "train_ddp.py"), *map(str, SHORT), *map(str, outputs(tmp_path / f"node{rank}")),
+                   str(SCRIPTS / "step4_ddp.py"), *map(str, SHORT), *map(str, outputs(tmp_path / f"node{rank}")),
                    "--data-dir", data_dir]
         return subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
-import train_finetune
+import step6_finetune
 from core import data, finetune, models
 from core.cli import parse_args
 from data_makers import write_image_folder, write_resnet18_weights
@@ -26,7 +26,7 @@ def files(tmp_path_factory):
 
 
 def finetune_run(files, folder, mode, *extra):
-    return run_torchrun("train_finetune.py", "--data-dir", files["data_dir"], "--weights", files["weights"],
+    return run_torchrun("step6_finetune.py", "--data-dir", files["data_dir"], "--weights", files["weights"],
                         "--finetune", mode, "--epochs", 1, "--batch-size", 4, "--checkpoint-dir", folder / "checkpoints",
                         "--results-dir", folder, "--run-name", mode, "--save", folder / f"{mode}.pt", *extra)
 
@@ -133,23 +133,23 @@ def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
 # ---------------------------------------------------------------- one-line errors
 
 def test_missing_pretrained_weights_name_the_download_command(files, tmp_path):
-    done = run_python("train_finetune.py", "--pretrained", "--data-dir", files["data_dir"],
+    done = run_python("step6_finetune.py", "--pretrained", "--data-dir", files["data_dir"],
                       "--checkpoint-dir", tmp_path / "c", env=script_env(TORCH_HOME=tmp_path / "torch-home"))
-    assert_one_line_error(done, "ResNet-18 weights", "not found", "python scripts/download_data.py resnet18-weights")
+    assert_one_line_error(done, "ResNet-18 weights", "not found", "python scripts/tools/download_data.py resnet18-weights")
 
 
 def test_a_missing_image_folder_names_the_hymenoptera_download(tmp_path, files):
-    done = run_python("train_finetune.py", "--weights", files["weights"], "--data-dir", tmp_path / "nothing")
-    assert_one_line_error(done, "no train/ and no val/", "python scripts/download_data.py hymenoptera")
+    done = run_python("step6_finetune.py", "--weights", files["weights"], "--data-dir", tmp_path / "nothing")
+    assert_one_line_error(done, "no train/ and no val/", "python scripts/tools/download_data.py hymenoptera")
 
 
 def test_weights_of_another_model_are_refused_in_one_line(tmp_path, files):
     torch.save(models.Net().state_dict(), tmp_path / "net.pt")
-    done = run_torchrun("train_finetune.py", "--weights", tmp_path / "net.pt", "--data-dir", files["data_dir"],
+    done = run_torchrun("step6_finetune.py", "--weights", tmp_path / "net.pt", "--data-dir", files["data_dir"],
                         "--checkpoint-dir", tmp_path / "c")
     assert_one_line_error(done, "does not hold this model's layers", "give weights of the same --model")
 
 
 def test_pretrained_and_weights_are_one_or_the_other():
     with pytest.raises(SystemExit):
-        parse_args(["--pretrained", "--weights", "w.pt"], add_arguments=train_finetune.add_arguments)
+        parse_args(["--pretrained", "--weights", "w.pt"], add_arguments=step6_finetune.add_arguments)

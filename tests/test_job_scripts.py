@@ -36,11 +36,11 @@ def test_every_pbs_job_has_a_slurm_twin():
 
 # The seed systems' jobs: what each trains by default (COURSE_ARGS come after, and can change it).
 SEED_JOBS = {
-    "06_cifar10_baseline": ("scripts/train_single.py", "--dataset cifar10 --model resnet18 --epochs 2"),
-    "06_cifar10_ddp": ("scripts/train_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
-    "06_cifar10_ddp_2nodes": ("scripts/train_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
-    "06_finetune_2nodes": ("scripts/train_finetune.py", '"${COURSE_START_ARG_LIST[@]}" --epochs 5'),
-    "06_model_parallel": ("scripts/train_ddp_model_parallel.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_cifar10_baseline": ("scripts/step1_baseline.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_cifar10_ddp": ("scripts/step4_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_cifar10_ddp_2nodes": ("scripts/step4_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),
+    "06_finetune_2nodes": ("scripts/step6_finetune.py", '"${COURSE_START_ARG_LIST[@]}" --epochs 5'),
+    "06_model_parallel": ("scripts/step6_model_parallel.py", "--dataset cifar10 --model resnet18 --epochs 2"),
 }
 
 
@@ -53,7 +53,7 @@ def test_seed_jobs_train_their_system_with_course_args_last(job):
 
 def test_the_model_parallel_jobs_start_one_process_per_two_gpus():
     for kind in ("pbs", "sbatch"):
-        assert "scripts/launch.py --gpus-per-process 2" in (JOB_SCRIPTS / f"06_model_parallel.{kind}").read_text()
+        assert "scripts/tools/launch.py --gpus-per-process 2" in (JOB_SCRIPTS / f"06_model_parallel.{kind}").read_text()
 
 
 TRAINING_JOBS = [path for path in PBS_JOBS + SLURM_JOBS if "COURSE_TRAIN_ARG_LIST" in path.read_text()]
@@ -68,7 +68,7 @@ def test_every_training_job_runs_under_torchrun_so_a_dead_worker_is_restarted(pa
 
 
 def test_the_node_launcher_starts_torchrun_through_launch_py():
-    assert "python scripts/launch.py" in (JOB_SCRIPTS / "node_launch.sh").read_text()
+    assert "python scripts/tools/launch.py" in (JOB_SCRIPTS / "node_launch.sh").read_text()
 
 
 def test_there_are_training_jobs_of_one_process_and_of_many():

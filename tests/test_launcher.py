@@ -1,4 +1,4 @@
-"""scripts/launch.py: the torchrun arguments it derives from PBS and Slurm environments,
+"""scripts/tools/launch.py: the torchrun arguments it derives from PBS and Slurm environments,
 and the clear one-line errors it gives for a broken one."""
 import re
 import shlex
@@ -12,7 +12,7 @@ import pytest
 from cluster_helpers import LAUNCHER, REPO, SHORT_RUN, clean_environment, job_id_with_free_port, load_launcher, read_record
 
 launch = load_launcher()
-SCRIPT = "scripts/train_ddp.py"
+SCRIPT = "scripts/step4_ddp.py"
 TORCHRUN = ["python", "-m", "torch.distributed.run"]
 
 

@@ -107,7 +107,7 @@ def test_dataparallel_counts_every_gpu_it_drives():
 
 
 def test_dataparallel_peak_is_the_sum_of_its_gpus(monkeypatch):
-    """train_dp on 4 A100s: MFU against 4 x the TF32 peak, not 1 x."""
+    """step3_data_parallel on 4 A100s: MFU against 4 x the TF32 peak, not 1 x."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(mfu, "tf32_settings", lambda: DEFAULT_TF32)
     model = FakeDataParallel(nn.Linear(2, 2), [0, 1, 2, 3])

@@ -1,7 +1,7 @@
 """DDP combined with model parallelism (the seed-003 system): one replica over two devices.
 
 On a CPU both halves sit on the CPU, so the split changes where layers would sit and
-nothing of what trains: the run must end with train_ddp.py's weights, bit for bit. The
+nothing of what trains: the run must end with step4_ddp.py's weights, bit for bit. The
 GPU placement and its guard are checked without a GPU, through the function that picks
 each process's two devices.
 """
@@ -10,7 +10,7 @@ import datetime
 import pytest
 import torch
 
-import train_ddp_model_parallel as model_parallel
+import step6_model_parallel as model_parallel
 from conftest import assert_ok, assert_one_line_error, read_json, run_torchrun
 from core import CourseError, models
 from core.distributed import Runtime
@@ -31,11 +31,11 @@ def weights(folder, name):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The model-parallel script and train_ddp.py, the same run, 2 processes each."""
+    """The model-parallel script and step4_ddp.py, the same run, 2 processes each."""
     folder = tmp_path_factory.mktemp("model-parallel")
-    split = run_torchrun("train_ddp_model_parallel.py", *RUN, *outputs(folder, "split"))
+    split = run_torchrun("step6_model_parallel.py", *RUN, *outputs(folder, "split"))
     assert_ok(split)
-    assert_ok(run_torchrun("train_ddp.py", *RUN, *outputs(folder, "ddp")))
+    assert_ok(run_torchrun("step4_ddp.py", *RUN, *outputs(folder, "ddp")))
     return {"folder": folder, "stdout": split.stdout}
 
 
@@ -43,7 +43,7 @@ def test_each_replica_is_cut_in_two_and_trains_under_torchrun(reference):
     assert ("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu"
             in reference["stdout"]), reference["stdout"]
     record = read_json(reference["folder"] / "split.json")
-    assert (record["script"], record["world_size"], record["model"]) == ("train_ddp_model_parallel", 2, "resnet18")
+    assert (record["script"], record["world_size"], record["model"]) == ("step6_model_parallel", 2, "resnet18")
     assert len(record["per_epoch"]) == 2
 
 
@@ -55,10 +55,10 @@ def test_the_saved_weights_are_a_plain_resnet18s_and_equal_train_ddps(reference)
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(reference, tmp_path):
-    stopped = run_torchrun("train_ddp_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"),
+    stopped = run_torchrun("step6_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"),
                            "--fault", "exit", "--fault-step", 5)
     assert stopped.returncode != 0
-    resumed = run_torchrun("train_ddp_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
+    resumed = run_torchrun("step6_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000004.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
     split, again = weights(reference["folder"], "split"), weights(tmp_path, "stopped")
@@ -66,7 +66,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(reference
 
 
 def test_a_model_that_is_not_a_resnet_is_refused_in_one_line(tmp_path):
-    done = run_torchrun("train_ddp_model_parallel.py", "--dataset", "mnist5k", "--model", "net",
+    done = run_torchrun("step6_model_parallel.py", "--dataset", "mnist5k", "--model", "net",
                         "--checkpoint-dir", tmp_path)
     assert_one_line_error(done, "cuts a ResNet in two")
 

@@ -89,26 +89,26 @@ def preflight(ranks, layout):
 JOBS = {
     "01_baseline.pbs": Submission(
         "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("01_baseline")},
-        record={"script": "train_single", "world_size": 1, "device": "cpu"},
+        record={"script": "step1_baseline", "world_size": 1, "device": "cpu"},
     ),
     "02_allreduce.pbs": Submission(
         "02_allreduce.pbs", ONE_HOST, {"COURSE_ARGS": short_run("02_allreduce")},
-        record={"script": "train_allreduce", "world_size": 2},
+        record={"script": "step2_allreduce", "world_size": 2},
         log_has=("processes   2 per node", "NCPUS=2", "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)"),
     ),
     "03_data_parallel.pbs": Submission(
         "03_data_parallel.pbs", ONE_CPU, {"COURSE_ARGS": short_run("03_data_parallel")},
-        record={"script": "train_dp", "world_size": 1},
+        record={"script": "step3_data_parallel", "world_size": 1},
     ),
     # Four processes on one host: the same run as the 2-node job's (compared below).
     "04_ddp.pbs": Submission(
         "04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("04_ddp"), "COURSE_LAUNCH_ARGS": "--nproc-per-node 4"},
-        record={"script": "train_ddp", "world_size": 4},
+        record={"script": "step4_ddp", "world_size": 4},
         log_has=("pre-flight all_reduce ok: 4 rank(s) on 1 node(s)",),
     ),
     "04_ddp_2nodes.pbs": Submission(
         "04_ddp_2nodes.pbs", TWO_HOSTS, {"COURSE_ARGS": short_run("04_ddp_2nodes")},
-        record={"script": "train_ddp", "world_size": 4},
+        record={"script": "step4_ddp", "world_size": 4},
         log_has=(
             f"== pbsdsh: node_launch.sh on 2 node(s): {HEAD} {NODE2}",
             "this node   0 of 2", "this node   1 of 2", "PBS_NODENUM=1 agrees",
@@ -121,18 +121,18 @@ JOBS = {
     # CIFAR-10 with ResNet-18 (seed 000), on CIFAR-shaped images made up in memory.
     "06_cifar10_baseline.pbs": Submission(
         "06_cifar10_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("06_cifar10_baseline", SYNTHETIC_CIFAR)},
-        record={"script": "train_single", "world_size": 1, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        record={"script": "step1_baseline", "world_size": 1, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=(re.compile(r"^total \d+\.\d s; record written to results/06_cifar10_baseline\.json", re.M),),
     ),
     "06_cifar10_ddp.pbs": Submission(
         "06_cifar10_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_cifar10_ddp", SYNTHETIC_CIFAR)},
-        record={"script": "train_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        record={"script": "step4_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=("pre-flight all_reduce ok: 2 rank(s) on 1 node(s)", "record written to results/06_cifar10_ddp.json"),
     ),
     "06_cifar10_ddp_2nodes.pbs": Submission(
         "06_cifar10_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("06_cifar10_ddp_2nodes", SYNTHETIC_CIFAR)},
-        record={"script": "train_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        record={"script": "step4_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]), f"== node 1 ({NODE2}): exit status 0"),
     ),
     # The fine-tune (seed 001) from a weights file, on a small ImageFolder of PNG digits.
@@ -140,13 +140,13 @@ JOBS = {
         "06_finetune_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("06_finetune_2nodes", f"--data-dir {FINETUNE_DATA}/imagefolder "
                                                         f"--weights {FINETUNE_DATA}/resnet18-weights.pt --batch-size 4")},
-        record={"script": "train_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
+        record={"script": "step6_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
         log_has=("--finetune head: 1,026 of 11,177,538 parameters train", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
     ),
     # DDP with model parallelism (seed 003): without GPUs, both halves of each replica on the CPU.
     "06_model_parallel.pbs": Submission(
         "06_model_parallel.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_model_parallel", SYNTHETIC_CIFAR)},
-        record={"script": "train_ddp_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},
+        record={"script": "step6_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},
         log_has=("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu",),
     ),
     "jupyter.pbs": Submission(
@@ -174,7 +174,7 @@ VARIANTS = {
         "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("modules"), "COURSE_MODULES": "course-python/1.0",
          "COURSE_MODULE_PATH": f"{copy}/{MODULES}", "COURSE_VENV": "", "COURSE_CONDA_ENV": ""},
-        record={"script": "train_ddp", "world_size": 2},
+        record={"script": "step4_ddp", "world_size": 2},
         log_has=("== modules: course-python/1.0", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
         check=same_python_on_every_node(f"{venv}/bin/python"),
     ),
@@ -183,7 +183,7 @@ VARIANTS = {
         "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("conda"), "COURSE_MODULES": "conda/test", "COURSE_MODULE_PATH": f"{copy}/{MODULES}",
          "COURSE_VENV": "", "COURSE_CONDA_ENV": "ddp-course"},
-        record={"script": "train_ddp", "world_size": 2},
+        record={"script": "step4_ddp", "world_size": 2},
         log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]),),
         check=same_python_on_every_node(f"{copy}/conda/envs/ddp-course/bin/python"),
     ),
@@ -191,7 +191,7 @@ VARIANTS = {
     "fails": lambda venv, copy: Submission(
         "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("fails", "--epochs 0")},
         # torchrun tries the group of one again (--max-restarts), then fails with its own status, 1.
-        exit_status=1, log_has=("train_single.py: error: argument --epochs: must be at least 1, got 0", "== exit status 1"),
+        exit_status=1, log_has=("step1_baseline.py: error: argument --epochs: must be at least 1, got 0", "== exit status 1"),
     ),
     "fails_on_the_nodes": lambda venv, copy: Submission(
         "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
@@ -202,7 +202,7 @@ VARIANTS = {
     "worker_killed": lambda venv, copy: Submission(
         "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("worker_killed", "--checkpoint-every 1 --fault kill --fault-rank 1 --fault-step 2")},
-        record={"script": "train_ddp", "world_size": 2, "resumed_at_step": 2},
+        record={"script": "step4_ddp", "world_size": 2, "resumed_at_step": 2},
         log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
                  re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: epoch 1, 2 of \d+ batches done"),
                  "== node 0 (", "== node 1 (", "exit status 0"),
@@ -377,7 +377,7 @@ PROBE = """#!/bin/bash
 # Each pbsdsh task runs the launcher's dry run, as node_launch.sh would run it.
 cd "$PBS_O_WORKDIR"
 cp "$PBS_NODEFILE" "logs/nodefile.$PBS_JOBID"
-pbsdsh -- /bin/bash -c "cd $PWD && PBS_NODEFILE=$PWD/logs/nodefile.$PBS_JOBID .venv/bin/python scripts/launch.py --dry-run scripts/train_ddp.py"
+pbsdsh -- /bin/bash -c "cd $PWD && PBS_NODEFILE=$PWD/logs/nodefile.$PBS_JOBID .venv/bin/python scripts/tools/launch.py --dry-run scripts/step4_ddp.py"
 """
 
 
@@ -416,8 +416,8 @@ def test_interactive_session_with_qsub_i(pbs, course):
     commands = "\n".join([
         'cd "$PBS_O_WORKDIR"',
         "source .venv/bin/activate",
-        "python scripts/launch.py --dry-run scripts/train_ddp.py",
-        f"python scripts/train_single.py {short_run('interactive')}",
+        "python scripts/tools/launch.py --dry-run scripts/step4_ddp.py",
+        f"python scripts/step1_baseline.py {short_run('interactive')}",
         'echo "training exit status $?"',
         "exit",
     ]) + "\n"
@@ -429,7 +429,7 @@ def test_interactive_session_with_qsub_i(pbs, course):
     assert re.search(r"qsub: job \d+\.\S+ ready", output), output
     assert re.search(r"launch.py: PBS job \d+\.\S+\n  hosts +" + HEAD, output), output
     assert "training exit status 0" in output and re.search(r"qsub: job \d+\.\S+ completed", output), output
-    assert read_record(course / "results" / "interactive.json")["script"] == "train_single"
+    assert read_record(course / "results" / "interactive.json")["script"] == "step1_baseline"
 
 
 # ---------------------------------------------------------------- a job run again: qrerun

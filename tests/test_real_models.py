@@ -159,12 +159,12 @@ def test_every_model_returns_logits_not_probabilities(name):
 @pytest.mark.parametrize("model, dataset, fix", [("net", "synthetic-cifar10", "--model resnet18 or resnet18-cifar"),
                                                  ("resnet18", "mnist5k", "--model net")])
 def test_a_model_that_cannot_take_the_images_is_refused_in_one_line(model, dataset, fix):
-    assert_one_line_error(run_python("train_single.py", "--dataset", dataset, "--model", model), "takes", fix)
+    assert_one_line_error(run_python("step1_baseline.py", "--dataset", dataset, "--model", model), "takes", fix)
 
 
 # ---------------------------------------------------------------- every script, end to end
 
-SCRIPT_CASES = {"train_single": 1, "train_dp": 1, "train_allreduce": 2, "train_ddp": 2}
+SCRIPT_CASES = {"step1_baseline": 1, "step3_data_parallel": 1, "step2_allreduce": 2, "step4_ddp": 2}
 
 
 @pytest.mark.parametrize("script", SCRIPT_CASES)
@@ -180,7 +180,7 @@ def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, tmp_pat
 
 
 def test_the_synthetic_set_trains_without_any_file(tmp_path):
-    done = run_torchrun("train_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
+    done = run_torchrun("step4_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
                         "--max-steps", 2, "--batch-size", 16, *outputs(tmp_path, "synthetic"),
                         "--data-dir", tmp_path / "nothing-here")
     assert_ok(done)
@@ -193,8 +193,8 @@ def test_the_synthetic_set_trains_without_any_file(tmp_path):
 @pytest.fixture(scope="module")
 def uninterrupted(cifar, tmp_path_factory):
     folder = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(run_on_cifar(cifar, "train_single.py", *RUN, *outputs(folder, "single")))
-    assert_ok(run_on_cifar(cifar, "train_ddp.py", *RUN, *outputs(folder, "ddp"), nproc=2))
+    assert_ok(run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(folder, "single")))
+    assert_ok(run_on_cifar(cifar, "step4_ddp.py", *RUN, *outputs(folder, "ddp"), nproc=2))
     return {"single": weights(folder, "single"), "ddp": weights(folder, "ddp")}
 
 
@@ -207,17 +207,17 @@ def test_the_reference_runs_trained(uninterrupted):
 
 def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
-    stopped = run_on_cifar(cifar, "train_single.py", *RUN, *outputs(tmp_path, "stopped"), "--fault", "exit",
+    stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(tmp_path, "stopped"), "--fault", "exit",
                            "--fault-step", 7)
     assert stopped.returncode == 3, stopped.stdout + stopped.stderr
-    resumed = run_on_cifar(cifar, "train_single.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
+    resumed = run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000006.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
     assert_same_weights(weights(tmp_path, "stopped"), uninterrupted["single"])
 
 
 def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
-    done = run_on_cifar(cifar, "train_ddp.py", *RUN, *outputs(tmp_path, "killed"), "--fault", "kill",
+    done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *outputs(tmp_path, "killed"), "--fault", "kill",
                         "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
     assert_ok(done)
     assert "checkpoint-00000006.pt: epoch 2, 1 of" in done.stdout, done.stdout
@@ -225,7 +225,7 @@ def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, 
 
 
 def dataloader_run(cifar, folder, name, workers, *extra):
-    return run_on_cifar(cifar, "train_single.py", *RUN, "--loader", "dataloader", "--workers", workers,
+    return run_on_cifar(cifar, "step1_baseline.py", *RUN, "--loader", "dataloader", "--workers", workers,
                         *outputs(folder, name), *extra)
 
 
@@ -248,10 +248,10 @@ def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(
 # ---------------------------------------------------------------- one-line errors
 
 def test_missing_cifar10_names_the_download_command(tmp_path):
-    done = run_python("train_single.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", tmp_path)
-    assert_one_line_error(done, "cifar10 not found", "python scripts/download_data.py cifar10")
+    done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", tmp_path)
+    assert_one_line_error(done, "cifar10 not found", "python scripts/tools/download_data.py cifar10")
 
 
 def test_cifar10_files_that_fail_the_md5_check_are_called_damaged(cifar):
-    done = run_python("train_single.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", cifar["data_dir"])
-    assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)", "python scripts/download_data.py cifar10")
+    done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", cifar["data_dir"])
+    assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)", "python scripts/tools/download_data.py cifar10")

@@ -14,5 +14,5 @@ def test_run_course_prints_a_row_per_step(tmp_path):
     assert processes == [1, 2, 2, 1, 2]  # no GPU here: 2 processes for the distributed steps
     assert all(row.endswith("%") for row in rows)
     assert sorted(path.name for path in tmp_path.glob("*.json")) == [
-        "step1-train_single.json", "step2-train_allreduce.json", "step3-train_allreduce.json",
-        "step4-train_dp.json", "step5-train_ddp.json"]
+        "step1-step1_baseline.json", "step2-step2_allreduce.json", "step3-step2_allreduce.json",
+        "step4-step3_data_parallel.json", "step5-step4_ddp.json"]

@@ -12,11 +12,11 @@ RECORD_KEYS = {"script", "world_size", "backend", "device", "hardware", "dataset
 EPOCH_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "samples_per_second", "mfu"}
 
 CASES = {
-    "train_single": (run_python, "train_single.py", (), 1, None),
-    "train_dp": (run_python, "train_dp.py", (), 1, None),
-    "train_allreduce per-parameter": (run_torchrun, "train_allreduce.py", ("--mode", "per-parameter"), 2, "gloo"),
-    "train_allreduce bucket": (run_torchrun, "train_allreduce.py", ("--mode", "bucket"), 2, "gloo"),
-    "train_ddp": (run_torchrun, "train_ddp.py", (), 2, "gloo"),
+    "step1_baseline": (run_python, "step1_baseline.py", (), 1, None),
+    "step3_data_parallel": (run_python, "step3_data_parallel.py", (), 1, None),
+    "step2_allreduce per-parameter": (run_torchrun, "step2_allreduce.py", ("--mode", "per-parameter"), 2, "gloo"),
+    "step2_allreduce bucket": (run_torchrun, "step2_allreduce.py", ("--mode", "bucket"), 2, "gloo"),
+    "step4_ddp": (run_torchrun, "step4_ddp.py", (), 2, "gloo"),
 }
 
 
@@ -46,7 +46,7 @@ def test_script_runs_and_writes_its_record(case, results_dir, tmp_path):
 
 def test_allreduce_and_ddp_train_identically(results_dir, tmp_path):
     """Same seed, same shards, dropout on but seeded per rank alike: the same numbers."""
-    for script, name in (("train_allreduce.py", "allreduce"), ("train_ddp.py", "ddp")):
+    for script, name in (("step2_allreduce.py", "allreduce"), ("step4_ddp.py", "ddp")):
         assert_ok(run_torchrun(script, *SHORT, "--results-dir", results_dir, "--run-name", name,
                                "--checkpoint-dir", tmp_path / name))
     allreduce, ddp = read_json(results_dir / "allreduce.json"), read_json(results_dir / "ddp.json")
@@ -56,7 +56,7 @@ def test_allreduce_and_ddp_train_identically(results_dir, tmp_path):
 
 
 def test_dataloader_route_runs_with_workers(results_dir, tmp_path):
-    done = run_python("train_single.py", *SHORT, "--loader", "dataloader", "--workers", 1,
+    done = run_python("step1_baseline.py", *SHORT, "--loader", "dataloader", "--workers", 1,
                       "--results-dir", results_dir, "--run-name", "run", "--checkpoint-dir", tmp_path / "checkpoints")
     assert_ok(done)
     assert read_json(results_dir / "run.json")["loader"] == "dataloader"
@@ -64,7 +64,7 @@ def test_dataloader_route_runs_with_workers(results_dir, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_reaches_94_percent_within_three_epochs(results_dir, tmp_path):
-    done = run_torchrun("train_ddp.py", "--epochs", 3, "--seed", 0, "--results-dir", results_dir, "--run-name", "run",
+    done = run_torchrun("step4_ddp.py", "--epochs", 3, "--seed", 0, "--results-dir", results_dir, "--run-name", "run",
                         "--checkpoint-dir", tmp_path / "checkpoints")
     assert_ok(done)
     record = read_json(results_dir / "run.json")
@@ -88,11 +88,11 @@ def finetune_files(folder):
 
 # Every script that shuffles with a DistributedSampler, and what it needs to run one step an epoch.
 SHUFFLING_SCRIPTS = {
-    "train_ddp.py": lambda folder: (),
-    "train_allreduce.py": lambda folder: (),
-    "train_ddp_model_parallel.py": lambda folder: ("--dataset", "synthetic-cifar10", "--model", "resnet18",
+    "step4_ddp.py": lambda folder: (),
+    "step2_allreduce.py": lambda folder: (),
+    "step6_model_parallel.py": lambda folder: ("--dataset", "synthetic-cifar10", "--model", "resnet18",
                                                    "--batch-size", 8),
-    "train_finetune.py": finetune_files,
+    "step6_finetune.py": finetune_files,
 }
 
 

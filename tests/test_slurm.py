@@ -2,7 +2,7 @@
 
 .ci/start_slurm.sh installs Debian's slurm-wlm and munge and starts a Slurm whose
 partition has two nodes, both this machine (each its own slurmd), so even the 2-node
-job runs for real: srun starts scripts/launch.py on each node, and the two torchruns
+job runs for real: srun starts scripts/tools/launch.py on each node, and the two torchruns
 meet over c10d. On the command line, sbatch overrides the #SBATCH lines this machine
 cannot satisfy (partition, GPUs, CPUs, memory), as a user at another site would.
 Skipped only where Slurm is not installed.
@@ -97,16 +97,16 @@ DATA = {
 }
 
 EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
-    "01_baseline": ("train_single", lambda c: 1),
-    "02_allreduce": ("train_allreduce", lambda c: min(c, 4)),
-    "03_data_parallel": ("train_dp", lambda c: 1),
-    "04_ddp": ("train_ddp", lambda c: min(c, 4)),
-    "04_ddp_2nodes": ("train_ddp", lambda c: 2 * min(c, 4)),
-    "06_cifar10_baseline": ("train_single", lambda c: 1),
-    "06_cifar10_ddp": ("train_ddp", lambda c: min(c, 4)),
-    "06_cifar10_ddp_2nodes": ("train_ddp", lambda c: 2 * min(c, 4)),
-    "06_finetune_2nodes": ("train_finetune", lambda c: 2 * min(c, 4)),
-    "06_model_parallel": ("train_ddp_model_parallel", lambda c: min(c, 4)),  # no GPU: one process per CPU
+    "01_baseline": ("step1_baseline", lambda c: 1),
+    "02_allreduce": ("step2_allreduce", lambda c: min(c, 4)),
+    "03_data_parallel": ("step3_data_parallel", lambda c: 1),
+    "04_ddp": ("step4_ddp", lambda c: min(c, 4)),
+    "04_ddp_2nodes": ("step4_ddp", lambda c: 2 * min(c, 4)),
+    "06_cifar10_baseline": ("step1_baseline", lambda c: 1),
+    "06_cifar10_ddp": ("step4_ddp", lambda c: min(c, 4)),
+    "06_cifar10_ddp_2nodes": ("step4_ddp", lambda c: 2 * min(c, 4)),
+    "06_finetune_2nodes": ("step6_finetune", lambda c: 2 * min(c, 4)),
+    "06_model_parallel": ("step6_model_parallel", lambda c: min(c, 4)),  # no GPU: one process per CPU
 }
 
 

@@ -71,7 +71,7 @@ def test_allreduce_benchmark_frees_its_group(tmp_path):
 
 def test_ddp_demos_free_their_group(tmp_path):
     env, report = exit_env(tmp_path)
-    done = run_torchrun("ddp_demos.py", "--device", "cpu", "--demo", "broadcast", env=env)
+    done = run_torchrun("demos/ddp_mechanics.py", "--device", "cpu", "--demo", "broadcast", env=env)
     assert_ok(done)
     assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
 
@@ -81,13 +81,13 @@ def test_ddp_demos_free_their_group(tmp_path):
 def test_collectives_demo_frees_its_group(tmp_path, mode):
     """The script that once aborted at exit; each of its three ways to end."""
     env, report = exit_env(tmp_path)
-    done = run_torchrun("collectives_demo.py", "--device", "cpu", "--backend", "gloo", *mode, env=env)
+    done = run_torchrun("demos/collectives.py", "--device", "cpu", "--backend", "gloo", *mode, env=env)
     assert_ok(done)
     assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
 
 
 # The FSDP2 demo shards over a process group of its own, which torch's DTensor caches keep alive after
-# destroy_process_group (scripts/beyond_demos.py, demo_fsdp): its gloo threads run on into the shutdown.
+# destroy_process_group (scripts/demos/beyond_ddp.py, demo_fsdp): its gloo threads run on into the shutdown.
 # Strict: once that group is freed, this passes and the mark must go.
 FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 mesh's group outlives "
                                                 "destroy_process_group, with its gloo threads")
@@ -98,6 +98,6 @@ FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 m
                          ids=["all-but-fsdp", "fsdp"])
 def test_beyond_demos_free_their_groups(tmp_path, demos):
     env, report = exit_env(tmp_path)
-    done = run_torchrun("beyond_demos.py", "--demo", *demos, env=env)
+    done = run_torchrun("demos/beyond_ddp.py", "--demo", *demos, env=env)
     assert_ok(done)
     assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]

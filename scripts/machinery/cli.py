@@ -1,0 +1,152 @@
+"""The command line shared by every training script, and how errors reach the user. Machinery: a learner may skip this module (``--help`` lists every flag).
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .errors import CourseError, first_line
+from .output_paths import REPO
+
+DEFAULT_DATA_DIR = REPO / "data"
+DEFAULT_RESULTS_DIR = REPO / "results"
+DEFAULT_CHECKPOINTS_DIR = REPO / "checkpoints"
+
+
+def default_checkpoint_dir(script, run_name=None):
+    """Where a run's checkpoints go without --checkpoint-dir: checkpoints/<run name, else script name>/."""
+    return DEFAULT_CHECKPOINTS_DIR / (run_name or script)
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser(description):
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    data = parser.add_argument_group("data and model")
+    data.add_argument("--dataset", default="mnist5k",
+                      help="mnist5k (bundled, offline; default), mnist or cifar10 (download first), synthetic-cifar10 "
+                           "(CIFAR-shaped, made up in memory), imagefolder (--data-dir with train/ and val/)")
+    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="where the data sets live (default: data/)")
+    data.add_argument("--model", default="net",
+                      help="net: the two-conv MNIST network (default); net-bn: the same with BatchNorm; "
+                           "resnet18: torchvision's; resnet18-cifar: with the CIFAR stem")
+    data.add_argument("--no-dropout", dest="dropout", action="store_false", help="turn the Net's dropout off (exact comparisons need it off)")
+    data.add_argument("--sync-bn", action="store_true",
+                      help="SyncBatchNorm: BatchNorm layers normalise with the statistics of the global batch, not this rank's")
+    data.add_argument("--loader", choices=["auto", "tensor", "dataloader"], default="auto",
+                      help="tensor: whole data set in memory, batches by indexing; dataloader: per-sample transforms; "
+                           "auto (default): tensor, but dataloader for an ImageFolder")
+    data.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (dataloader route only)")
+    data.add_argument("--pin-memory", action="store_true", help="pin host memory for faster copies to the GPU (dataloader route)")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=positive_int, default=3)
+    train.add_argument("--batch-size", type=positive_int, default=64, help="per process (the global batch is this times the world size)")
+    train.add_argument("--eval-batch-size", type=positive_int, default=500)
+    train.add_argument("--optimizer", choices=["adadelta", "adam", "sgd"], default="adam")
+    train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1.0 for adadelta, 2e-3 for adam, 0.05 for sgd)")
+    train.add_argument("--gamma", type=positive_float, default=0.7, help="learning-rate decay per epoch (StepLR)")
+    train.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after this many steps (for short runs)")
+    train.add_argument("--seed", type=int, default=0)
+
+    where = parser.add_argument_group("device and processes")
+    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda:LOCAL_RANK when a GPU is present, else cpu")
+    where.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with CUDA, gloo on CPU")
+    where.add_argument("--threads", type=positive_int, default=None, help="CPU threads per process (default: the cores this job may use / processes on this node)")
+    where.add_argument("--timeout", type=positive_int, default=300, help="seconds a collective may wait before the run fails")
+
+    train.add_argument("--accumulate", type=positive_int, default=1,
+                       help="batches per optimizer step (gradient accumulation; DDP skips the all_reduce on all but the last)")
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="fp32 (default); bf16 autocast (CPU or GPU); fp16 autocast with a gradient scaler (GPU only)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the JSON record goes (default: results/)")
+    out.add_argument("--run-name", default=None, help="file name of the JSON record (default: <script>-w<world size>-<time>)")
+    out.add_argument("--save", type=Path, default=None, help="write the final weights here (rank 0; the plain model, no 'module.' prefix)")
+    out.add_argument("--peak-tflops", type=positive_float, default=None, help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
+
+    ckpt = parser.add_argument_group("checkpoints and restarts")
+    ckpt.add_argument("--checkpoint-dir", type=Path, default=None,
+                      help="where checkpoints go (default: checkpoints/<run name, else script name>/)")
+    ckpt.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
+                      help="also checkpoint every N optimizer steps (always: at the end of each epoch)")
+    ckpt.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K", help="keep the newest K (default 3)")
+    ckpt.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
+                      help="continue from the newest checkpoint in --checkpoint-dir if there is one, else start fresh "
+                           "(or from FILE); a run restarted by torchrun always resumes")
+
+    drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
+    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save"], default=None,
+                       help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
+                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint. "
+                            "Only in a run's first attempt: a group torchrun restarts does not repeat it")
+    drill.add_argument("--fault-rank", type=int, default=0, help="the rank the fault hits (default 0)")
+    drill.add_argument("--fault-step", type=positive_int, default=1, help="the optimizer step after which it hits (default 1)")
+    drill.add_argument("--fault-seconds", type=positive_float, default=3600.0, help="how long a stall lasts")
+    return parser
+
+
+def parse_args(argv=None, description=None, add_arguments=None):
+    """Parse the shared flags, plus any a script adds through ``add_arguments(parser)``."""
+    parser = build_parser(description)
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    from .datasets import LOADER_ONLY  # imported here: --help needs no torchvision
+
+    if args.loader == "auto":
+        args.loader = "dataloader" if args.dataset in LOADER_ONLY else "tensor"
+    elif args.loader == "tensor" and args.dataset in LOADER_ONLY:
+        parser.error(f"--dataset {args.dataset} needs --loader dataloader: its images differ in size, and every "
+                     f"epoch crops them afresh from the originals")
+    if args.workers < 0:
+        parser.error("--workers must be 0 or more")
+    if args.fault_rank < 0:
+        parser.error("--fault-rank must be 0 or more")
+    return args
+
+
+def run(main, argv=None):
+    """Run a script's ``main`` so that a CourseError, or a collective that failed, is one line on stderr
+    and exit status 1, never a traceback."""
+    import torch.distributed as dist
+
+    from . import launch_checks, stragglers
+
+    try:
+        main(argv)
+    except CourseError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RuntimeError as error:
+        if launch_checks.is_stale_restart_store(error):
+            print(f"error: {launch_checks.STALE_STORE_HINT}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        if not stragglers.is_collective_failure(error):
+            raise
+        explained = stragglers.explain(error) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        rank = os.environ.get("RANK", "0")
+        print(f"error: {explained or f'rank {rank}: a collective failed ({first_line(error)}); if another rank stalled or died, its log says why'}",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

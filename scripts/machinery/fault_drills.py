@@ -1,0 +1,73 @@
+"""Fault drills: make a rank die, exit or stall after a chosen step, or die while saving, to watch what
+follows. Machinery: a learner may skip this module (notebook 05 runs the drills).
+
+    torchrun --nproc-per-node=2 --max-restarts=1 scripts/step4_ddp.py --fault kill --fault-rank 1 --fault-step 20
+
+Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer. A drill strikes
+only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset): after torchrun
+restarts the group, training goes on past the same step. The signals are real: ``kill`` is SIGKILL, as
+the kernel's out-of-memory killer sends it.
+"""
+import os
+import signal
+import sys
+import time
+
+from lesson.loop import Callback
+
+from . import checkpoints
+from .launch_checks import first_attempt
+
+
+def drills(args, runtime, checkpointing):
+    """The drill ``--fault`` asks for, as callbacks (none without it)."""
+    if args.fault is None:
+        return []
+    if args.fault == "crash-in-save":
+        return [CrashWhileSaving(args, runtime, checkpointing)]
+    return [StrikeAfterStep(args, runtime)]
+
+
+class StrikeAfterStep(Callback):
+    """``--fault kill|exit|stall``: rank --fault-rank, after step --fault-step (after that step's checkpoint)."""
+
+    def __init__(self, args, runtime):
+        self.args, self.rank = args, runtime.rank
+
+    def on_step_end(self, trainer):
+        args, rank, step = self.args, self.rank, trainer.global_step
+        if rank != args.fault_rank or step != args.fault_step or not first_attempt():
+            return
+        if args.fault == "kill":
+            print(f"fault drill: rank {rank} kills itself (SIGKILL) after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.fault == "exit":
+            print(f"fault drill: rank {rank} exits with status 3 after step {step}", flush=True)
+            sys.stdout.flush()
+            os._exit(3)  # no clean-up, no goodbye to the other ranks: as a crash would leave them
+        if args.fault == "stall":
+            print(f"fault drill: rank {rank} stalls for {args.fault_seconds:.0f} s after step {step}", flush=True)
+            time.sleep(args.fault_seconds)
+
+
+class CrashWhileSaving(Callback):
+    """``--fault crash-in-save``: rank 0 dies halfway through writing its first checkpoint at or after
+    step --fault-step. Wraps the checkpoint writer, which stays as it was for everything else."""
+
+    def __init__(self, args, runtime, checkpointing):
+        self.args = args
+        if runtime.is_main:
+            checkpointing.write = self.wrap(checkpointing.write)
+
+    def wrap(self, write):
+        def write_or_crash(state, path):
+            if state["global_step"] < self.args.fault_step or not first_attempt():
+                return write(state, path)
+            print(f"fault drill: rank 0 dies halfway through writing {path.name}", flush=True)
+            data = checkpoints.serialize(state)
+            with open(checkpoints.temporary_path(path), "wb") as file:
+                file.write(data[: len(data) // 2])
+                file.flush()
+                os.fsync(file.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_or_crash

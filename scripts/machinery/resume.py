@@ -1,0 +1,199 @@
+"""When a run resumes and when it saves: the checkpointing callback. Machinery: a learner may skip this
+module (notebook 05 teaches it).
+
+Before the first epoch, every rank together:
+- checks that the run's outputs can be written (results, checkpoints, --save);
+- decides, in one call (``decide``), whether to resume and from which checkpoint: ``--resume``
+  (the newest in --checkpoint-dir, or a file), or a group that torchrun restarted, which always
+  resumes; a fresh start refuses a folder holding an unfinished run and replaces a finished one's;
+- agrees on it: every rank resumes from the same checkpoint, or every rank stops with one line;
+- puts the model, optimizer, schedule, scaler, position and random streams back as saved.
+
+While training: a checkpoint every ``--checkpoint-every`` steps and at every epoch's end, written by
+rank 0 (machinery/checkpoints.py) with every rank's random state. A fault drill may wrap ``write``.
+"""
+from pathlib import Path
+
+import torch
+
+from lesson.loop import Callback
+from lesson.models import unwrap
+from lesson.process import gather_from_all_ranks
+
+from . import checkpoints, cli, launch_checks, output_paths
+from .agreement import agree, fail_together
+from .errors import CourseError
+from .output_paths import display_path
+
+
+class Checkpointing(Callback):
+    def __init__(self, script, args, runtime, record):
+        self.script, self.args, self.runtime, self.record = script, args, runtime, record
+        self.folder = Path(args.checkpoint_dir or cli.default_checkpoint_dir(script, args.run_name))
+        self.write = checkpoints.write_atomically  # what saves a checkpoint file; a fault drill may wrap it
+        self.sampler_state = None  # a baseline shuffler's generator state at the start of the epoch in progress
+        self.config = None
+
+    # ------------------------------------------------------------ before training
+
+    def on_train_start(self, trainer):
+        self.config = run_config(self.script, trainer)
+        state = self.decide()
+        if state is not None:
+            self.load(trainer, state)
+
+    def decide(self):
+        """The one resume decision, agreed by every rank after the outputs are checked: the state of the
+        checkpoint to resume from, or None to start fresh (a finished run's checkpoints are replaced)."""
+        args = self.args
+        with fail_together(self.runtime):
+            if self.runtime.is_main:  # rank 0 alone writes
+                output_paths.check_folder(args.results_dir, "--results-dir")
+                output_paths.check_folder(self.folder, "--checkpoint-dir")
+                if args.save:
+                    output_paths.check_file(args.save, "--save")
+            path, state, stale = self.find_checkpoint()
+        self.agree_on_checkpoint(path, state)
+        if path is None and self.resume_from() == "latest" and self.runtime.is_main:
+            print(f"no checkpoint in {display_path(self.folder)} yet: starting fresh", flush=True)
+        if stale and self.runtime.is_main:
+            for old in stale:
+                old.unlink(missing_ok=True)
+            print(f"starting fresh: the finished run's checkpoints in {display_path(self.folder)} were removed",
+                  flush=True)
+        return state
+
+    def resume_from(self):
+        """None (start fresh), "latest" (the newest in the folder, if any) or a checkpoint file.
+        A group that torchrun restarted resumes whatever its command line says."""
+        return self.args.resume or (None if launch_checks.first_attempt() else "latest")
+
+    def find_checkpoint(self):
+        """(the checkpoint this rank would resume from or None, its state, a finished run's checkpoints to replace)."""
+        existing = checkpoints.checkpoints_in(self.folder)
+        resume = self.resume_from()
+        if resume is None:
+            return None, None, self.finished_run(existing)
+        if resume == "latest":
+            if not existing:
+                return None, None, []
+            path = existing[-1]
+        else:
+            path = Path(resume)
+        state = checkpoints.read(path, self.runtime.device)
+        differ = checkpoints.differences(state["config"], self.config)
+        if differ:
+            raise CourseError(f"checkpoint {display_path(path)} is from another run ({differ}); resume with "
+                              f"the same settings, or start fresh with another --checkpoint-dir")
+        if len(state["ranks"]) != self.runtime.world_size:
+            raise CourseError(f"checkpoint {path} holds {len(state['ranks'])} rank(s)' random state, "
+                              f"this run has {self.runtime.world_size}")
+        return path, state, []
+
+    def agree_on_checkpoint(self, path, state):
+        """Every rank resumes from the same checkpoint, or every rank starts fresh.
+
+        Each rank looks for checkpoints in its own --checkpoint-dir. On nodes without a shared file system,
+        rank 0 may find its own node's checkpoint while a rank elsewhere finds none (or an older one): trained
+        on, those ranks would start from different weights and positions, and their collectives would no
+        longer match. So the ranks compare what they found, and all stop with the same line if it differs.
+        """
+        found = None if path is None else (path.name, state["global_step"])
+        view = (f"sees no checkpoint in {display_path(self.folder)}" if path is None else
+                f"resumes from {display_path(path)} (step {state['global_step']})")
+        fix = ("put --checkpoint-dir on a file system every node shares" if self.resume_from() == "latest" else
+               "give --resume a file on a file system every node shares")
+        agree(found, view, f"every rank must resume from the same checkpoint; {fix}")
+
+    def finished_run(self, existing):
+        """A fresh start may replace a finished run's checkpoints, never an unfinished one's."""
+        if not existing:
+            return []
+        folder = display_path(self.folder)
+        try:
+            latest = checkpoints.read(existing[-1], "cpu")
+        except CourseError:
+            latest = {}
+        if not latest.get("finished"):
+            where = (f"epoch {latest['epoch']}, step {latest['global_step']}" if "epoch" in latest
+                     else f"{existing[-1].name}")
+            raise CourseError(f"{folder} holds an unfinished run (at {where}): add --resume to continue it, or pass "
+                              f"another --checkpoint-dir (or delete that folder) to start over")
+        return existing
+
+    def load(self, trainer, state):
+        """Put the model, optimizer, schedule, scaler, position and random streams back as saved."""
+        unwrap(trainer.model).load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.precision.scaler.load_state_dict(state["scaler"])
+        trainer.epoch, trainer.batches_done, trainer.global_step = state["epoch"], state["batches_done"], state["global_step"]
+        mine = state["ranks"][self.runtime.rank]
+        checkpoints.restore_rng_state(mine["rng"], self.runtime.device)
+        trainer.loss_sum, trainer.samples = mine["loss_sum"], mine["samples"]
+        self.sampler_state = state["sampler_state"]
+        self.record.restore(state["history"], state["train_seconds"], resumed_at_step=trainer.global_step)
+        if self.runtime.is_main:
+            where = (f"epoch {trainer.epoch}, {trainer.batches_done} of {len(trainer.batches)} batches done"
+                     if trainer.epoch <= self.args.epochs else f"all {trainer.epoch - 1} epochs done")
+            print(f"resumed from {display_path(self.folder / checkpoints.file_name(trainer.global_step))}: "
+                  f"{where}, step {trainer.global_step}", flush=True)
+
+    # ------------------------------------------------------------ while training
+
+    def on_epoch_start(self, trainer):
+        """A baseline's shuffler (a sampler with its own generator) is put back to its state at the start of
+        this epoch when resuming, so the order is the one the interrupted run had; a DistributedSampler's
+        order depends on set_epoch alone."""
+        generator = shuffling_generator(trainer)
+        if generator is not None:
+            if self.sampler_state is not None:
+                generator.set_state(self.sampler_state.cpu())
+            self.sampler_state = generator.get_state()
+
+    def on_step_end(self, trainer):
+        last = trainer.batches_done >= trainer.epoch_batches  # the epoch's end has its own checkpoint
+        if not last and self.args.checkpoint_every and trainer.global_step % self.args.checkpoint_every == 0:
+            self.save(trainer)
+
+    def on_epoch_end(self, trainer, metrics):
+        generator = shuffling_generator(trainer)
+        self.sampler_state = generator.get_state() if generator is not None else None
+        self.save(trainer)
+
+    def save(self, trainer):
+        """Every rank hands rank 0 its random state; rank 0 writes the file atomically."""
+        mine = {"rng": checkpoints.rng_state(self.runtime.device), "loss_sum": float(trainer.loss_sum),
+                "samples": int(trainer.samples)}
+        ranks = gather_from_all_ranks(mine)
+        if not self.runtime.is_main:
+            return
+        state = {
+            "format": checkpoints.FORMAT, "config": self.config,
+            "model": unwrap(trainer.model).state_dict(), "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.precision.scaler.state_dict(),
+            "epoch": trainer.epoch, "batches_done": trainer.batches_done, "global_step": trainer.global_step,
+            "finished": trainer.epoch > self.args.epochs, "ranks": ranks, "sampler_state": self.sampler_state,
+            "history": self.record.history, "train_seconds": self.record.elapsed(),
+        }
+        path = self.folder / checkpoints.file_name(trainer.global_step)
+        self.write(state, path)
+        checkpoints.prune(self.folder, self.args.keep_checkpoints)
+        where = (f"end of epoch {trainer.epoch - 1}" if trainer.batches_done == 0
+                 else f"epoch {trainer.epoch}, step {trainer.global_step}")
+        print(f"checkpoint {display_path(path)} ({where})", flush=True)
+
+
+def run_config(script, trainer):
+    """What identifies a run; checkpoints.MUST_MATCH names what a resumed run must share with it."""
+    args = trainer.args
+    return {"script": script, "model": args.model, "dataset": args.dataset, "world_size": trainer.runtime.world_size,
+            "batch_size": trainer.batches.batch_size, "accumulate": args.accumulate, "optimizer": args.optimizer,
+            "seed": args.seed, "precision": args.precision,
+            "trainable_parameters": sum(p.numel() for p in unwrap(trainer.model).parameters() if p.requires_grad)}
+
+
+def shuffling_generator(trainer):
+    """The generator of a baseline's RandomSampler; None for a DistributedSampler."""
+    generator = getattr(trainer.batches.sampler, "generator", None)
+    return generator if isinstance(generator, torch.Generator) else None
