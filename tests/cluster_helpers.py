@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 JOB_SCRIPTS = REPO / "job_scripts"
 STAND_INS = REPO / "tests" / "cluster_stand_ins"
-LAUNCHER = REPO / "scripts" / "launch.py"
+LAUNCHER = REPO / "scripts" / "tools" / "launch.py"
 
 # Every training run in these tests: one short epoch on the bundled data.
 SHORT_RUN = "--epochs 1 --max-steps 5"

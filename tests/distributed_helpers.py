@@ -8,7 +8,7 @@ import datetime
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import free_port
+from helpers import free_port
 
 
 def _worker(rank, world_size, port, function, args, results):

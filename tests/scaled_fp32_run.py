@@ -9,17 +9,18 @@ tells how many steps it has seen. Run with scripts/ on PYTHONPATH.
 import torch
 
 import step1_baseline
-from core import cli, training
+from lesson import loop
+from machinery import cli, precision
 
 INITIAL_SCALE = 2.0 ** 10
 
 
-class GrowingScalerFP32(training.Precision):
+class GrowingScalerFP32(precision.Precision):
     def __init__(self, name, device):
         super().__init__(name, device)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=INITIAL_SCALE, growth_interval=1)
 
 
 if __name__ == "__main__":
-    training.Precision = GrowingScalerFP32  # the Trainer builds its Precision from this module's name
+    loop.Precision = GrowingScalerFP32  # the Trainer builds its Precision from this name in lesson/loop.py
     cli.run(step1_baseline.main)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_ok, script_env
+from helpers import REPO, assert_ok, script_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import allreduce_bandwidth  # noqa: E402
@@ -273,7 +273,7 @@ def test_figures_from_the_committed_records(tmp_path):
 # ---- make gpu-check -----------------------------------------------------------------------------
 
 def gpu_check(*args, env=None):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "tools" / "gpu_check.py"), *map(str, args)], cwd=REPO,
                           env=env or script_env(), capture_output=True, text=True, timeout=600)
 
 
@@ -324,7 +324,7 @@ def test_make_gpu_check_without_a_gpu_runs_the_cpu_fallback_with_plain_packages(
 
 def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
     """A python3 without torch (here: the same interpreter without its site-packages, -S) gets one line."""
-    done = subprocess.run([sys.executable, "-S", str(REPO / "scripts" / "gpu_check.py"), "--dry-run"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-S", str(REPO / "scripts" / "tools" / "gpu_check.py"), "--dry-run"], cwd=REPO,
                           env=script_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "has no torch, torchvision, tqdm, matplotlib" in done.stderr

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
+from helpers import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
                       run_torchrun, script_env)
-from core import models
-from own_ddp import buckets_in_reverse_order
+from lesson import models
+from step2b_own_ddp import buckets_in_reverse_order
 
 K = 4  # micro-batches per optimizer step in the accumulate demo
 

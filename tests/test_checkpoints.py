@@ -13,36 +13,21 @@ import subprocess
 import pytest
 import torch
 
-from conftest import (REPO, assert_ok, read_json, run_python, run_torchrun, script_env,
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, assert_ok, read_json, run_python, run_torchrun, script_env,
                       torchrun_command)
-from core import checkpoint, models
+from lesson import models
+from machinery import checkpoints
 
 RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4)
-
-
-def outputs(folder, name):
-    """The output flags of a run whose files all go under ``folder``."""
-    return ("--checkpoint-dir", folder / f"{name}-checkpoints", "--results-dir", folder / "results",
-            "--run-name", name, "--save", folder / f"{name}.pt")
-
-
-def weights(folder, name):
-    return torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    different = [key for key in a if not torch.equal(a[key], b[key])]
-    assert not different, f"differ: {different}; largest gap {max((a[k] - b[k]).abs().max().item() for k in a):.1e}"
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Reference runs, never interrupted: DDP in 2 processes, and the single-process baseline."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(run_torchrun("step4_ddp.py", *RUN, *outputs(folder, "ddp")))
-    assert_ok(run_python("step1_baseline.py", *RUN, *outputs(folder, "single")))
-    return {"ddp": weights(folder, "ddp"), "single": weights(folder, "single"),
+    assert_ok(run_torchrun("step4_ddp.py", *RUN, *run_outputs(folder, "ddp")))
+    assert_ok(run_python("step1_baseline.py", *RUN, *run_outputs(folder, "single")))
+    return {"ddp": saved_weights(folder, "ddp"), "single": saved_weights(folder, "single"),
             "ddp_record": read_json(folder / "results" / "ddp.json")}
 
 
@@ -55,13 +40,13 @@ def test_the_reference_runs_really_differ_from_their_start(uninterrupted):
 
 
 def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_ends_with_the_same_weights(uninterrupted, tmp_path):
-    done = run_torchrun("step4_ddp.py", *RUN, *outputs(tmp_path, "killed"),
+    done = run_torchrun("step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"),
                         "--fault", "kill", "--fault-rank", 1, "--fault-step", 10, launcher=("--max-restarts=1",))
     assert_ok(done)
     assert "fault drill: rank 1 kills itself (SIGKILL) after step 10" in done.stdout
     # The restarted group resumed mid-epoch from the step-8 checkpoint and re-trained steps 9 and 10.
     assert "checkpoint-00000008.pt: epoch 2, 2 of" in done.stdout, done.stdout
-    assert_same_weights(weights(tmp_path, "killed"), uninterrupted["ddp"])
+    assert_same_weights(saved_weights(tmp_path, "killed"), uninterrupted["ddp"])
     # Its record covers both epochs, with the same losses as the uninterrupted run.
     record = read_json(tmp_path / "results" / "killed.json")
     assert [e["epoch"] for e in record["per_epoch"]] == [1, 2]
@@ -73,7 +58,7 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_ends_with_the_same
 def test_a_run_stopped_by_hand_continues_with_the_same_command(uninterrupted, tmp_path):
     """Ctrl-C (SIGINT to torchrun's process group) while rank 0 stalls after step 8's
     checkpoint; then the very same command line, which carries --resume from the start."""
-    command = torchrun_command("step4_ddp.py", *RUN, *outputs(tmp_path, "by-hand"), "--resume",
+    command = torchrun_command("step4_ddp.py", *RUN, *run_outputs(tmp_path, "by-hand"), "--resume",
                                "--fault", "stall", "--fault-rank", 0, "--fault-step", 8, "--fault-seconds", 600)
     first = subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
@@ -90,41 +75,41 @@ def test_a_run_stopped_by_hand_continues_with_the_same_command(uninterrupted, tm
     assert_ok(second)
     assert "checkpoint-00000008.pt: epoch 2, 2 of" in second.stdout
     assert "fault drill" not in second.stdout  # resumed after step 8: the drill's step is behind it
-    assert_same_weights(weights(tmp_path, "by-hand"), uninterrupted["ddp"])
+    assert_same_weights(saved_weights(tmp_path, "by-hand"), uninterrupted["ddp"])
 
 
 def test_a_crash_halfway_through_writing_a_checkpoint_leaves_the_one_before_loadable(uninterrupted, tmp_path):
     """Single process: rank 0 dies (SIGKILL) with half of step 6's checkpoint written."""
-    crashed = run_python("step1_baseline.py", *RUN, *outputs(tmp_path, "crash"),
+    crashed = run_python("step1_baseline.py", *RUN, *run_outputs(tmp_path, "crash"),
                          "--fault", "crash-in-save", "--fault-step", 5)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
     folder = tmp_path / "crash-checkpoints"
-    assert [p.name for p in checkpoint.checkpoints_in(folder)] == ["checkpoint-00000004.pt"]
+    assert [p.name for p in checkpoints.checkpoints_in(folder)] == ["checkpoint-00000004.pt"]
     partial = list(folder.glob(".checkpoint-00000006.pt.partial-*"))
     assert len(partial) == 1 and partial[0].stat().st_size > 0  # the write really was cut off midway
-    state = checkpoint.read(folder / "checkpoint-00000004.pt", torch.device("cpu"))
+    state = checkpoints.read(folder / "checkpoint-00000004.pt", torch.device("cpu"))
     assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 4, 4)
 
-    resumed = run_python("step1_baseline.py", *RUN, *outputs(tmp_path, "crash"), "--resume")
+    resumed = run_python("step1_baseline.py", *RUN, *run_outputs(tmp_path, "crash"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000004.pt: epoch 1, 4 of" in resumed.stdout
     assert not list(folder.glob(".checkpoint-*.partial-*"))  # the torn file is cleaned up
-    assert_same_weights(weights(tmp_path, "crash"), uninterrupted["single"])
+    assert_same_weights(saved_weights(tmp_path, "crash"), uninterrupted["single"])
 
 
 def test_the_dataloader_route_with_a_worker_resumes_exactly(tmp_path):
     loader = ("--loader", "dataloader", "--workers", 1)
-    assert_ok(run_python("step1_baseline.py", *RUN, *loader, *outputs(tmp_path, "whole")))
-    stopped = run_python("step1_baseline.py", *RUN, *loader, *outputs(tmp_path, "stopped"),
+    assert_ok(run_python("step1_baseline.py", *RUN, *loader, *run_outputs(tmp_path, "whole")))
+    stopped = run_python("step1_baseline.py", *RUN, *loader, *run_outputs(tmp_path, "stopped"),
                          "--fault", "exit", "--fault-step", 8)
     assert stopped.returncode == 3, stopped.stdout + stopped.stderr
-    assert_ok(run_python("step1_baseline.py", *RUN, *loader, *outputs(tmp_path, "stopped"), "--resume"))
-    assert_same_weights(weights(tmp_path, "stopped"), weights(tmp_path, "whole"))
+    assert_ok(run_python("step1_baseline.py", *RUN, *loader, *run_outputs(tmp_path, "stopped"), "--resume"))
+    assert_same_weights(saved_weights(tmp_path, "stopped"), saved_weights(tmp_path, "whole"))
 
 
 def test_a_checkpoint_holds_the_plain_model_and_loads_with_weights_only(tmp_path):
-    assert_ok(run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 3, *outputs(tmp_path, "plain")))
-    newest = checkpoint.checkpoints_in(tmp_path / "plain-checkpoints")[-1]
+    assert_ok(run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 3, *run_outputs(tmp_path, "plain")))
+    newest = checkpoints.checkpoints_in(tmp_path / "plain-checkpoints")[-1]
     state = torch.load(newest, map_location="cpu", weights_only=True)
     assert not any(key.startswith("module.") for key in state["model"])
     models.Net().load_state_dict(state["model"])  # strict: every key matches
@@ -134,14 +119,14 @@ def test_a_checkpoint_holds_the_plain_model_and_loads_with_weights_only(tmp_path
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
     assert_ok(run_python("step1_baseline.py", "--epochs", 2, "--max-steps", 6, "--checkpoint-every", 1,
-                         "--keep-checkpoints", 2, *outputs(tmp_path, "keep")))
-    names = [p.name for p in checkpoint.checkpoints_in(tmp_path / "keep-checkpoints")]
+                         "--keep-checkpoints", 2, *run_outputs(tmp_path, "keep")))
+    names = [p.name for p in checkpoints.checkpoints_in(tmp_path / "keep-checkpoints")]
     assert names == ["checkpoint-00000011.pt", "checkpoint-00000012.pt"]
 
 
 @pytest.mark.parametrize("script, launch", [("step1_baseline.py", run_python), ("step3_data_parallel.py", run_python),
                                             ("step2_allreduce.py", run_torchrun), ("step4_ddp.py", run_torchrun)])
 def test_every_training_script_saves_final_weights_that_load_into_a_plain_model(script, launch, tmp_path):
-    assert_ok(launch(script, "--epochs", 1, "--max-steps", 2, *outputs(tmp_path, "final")))
+    assert_ok(launch(script, "--epochs", 1, "--max-steps", 2, *run_outputs(tmp_path, "final")))
     state = torch.load(tmp_path / "final.pt", map_location="cpu", weights_only=True)
     models.Net().load_state_dict(state)  # strict, and no "module." prefix

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import ddp_demos
-from core.models import Net
+from demos import ddp_mechanics as ddp_demos, runner
+from lesson.models import Net
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def demos(tmp_path_factory):
 
 def test_every_demo_prints_its_section(demos):
     output, _, _ = demos
-    sections = ddp_demos.split_sections(output)
+    sections = runner.split_sections(output)
     assert set(ddp_demos.DEMOS) <= set(sections)
     assert all(sections[name].strip() for name in ddp_demos.DEMOS)
 
@@ -88,4 +88,4 @@ def test_module_prefix(demos):
 
 def test_split_sections():
     text = "setup line\n== a ==\none\ntwo\n== b ==\nthree"
-    assert ddp_demos.split_sections(text) == {"": "setup line", "a": "one\ntwo", "b": "three"}
+    assert runner.split_sections(text) == {"": "setup line", "a": "one\ntwo", "b": "three"}

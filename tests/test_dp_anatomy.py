@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dp_anatomy
-from core.models import Net
+from demos import dp_anatomy
+from lesson.models import Net
 
 
 def test_scatter_cuts_chunks_like_tensor_chunk():

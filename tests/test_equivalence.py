@@ -7,7 +7,7 @@ would differ between one process and two, whatever the seeds.
 """
 import pytest
 
-from conftest import assert_ok, read_json, run_torchrun
+from helpers import assert_ok, read_json, run_torchrun
 
 AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import (PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, free_port, run_python, run_torchrun,
+from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, free_port, run_python, run_torchrun,
                       script_env)
 
 
@@ -55,10 +55,6 @@ def assert_no_training(done):
     assert "epoch 1/" not in done.stdout, done.stdout
 
 
-def outputs(tmp_path):
-    return ("--checkpoint-dir", tmp_path / "checkpoints", "--results-dir", tmp_path / "results")
-
-
 def test_results_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
     done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
@@ -74,14 +70,14 @@ def test_checkpoint_dir_that_is_a_file(tmp_path):
 
 
 def test_save_path_that_is_a_folder(tmp_path):
-    done = run_python("step1_baseline.py", *SHORT, *outputs(tmp_path), "--save", tmp_path)
+    done = run_python("step1_baseline.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path)
     assert_one_line_error(done, "--save", "is a folder")
     assert_no_training(done)
 
 
 def test_save_path_that_cannot_be_written(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
-    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
+    done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
     assert_one_line_error(done, "--save's folder", "cannot be created")
     assert_no_training(done)
 
@@ -101,7 +97,7 @@ def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
     shutil.copytree(REPO / "data" / "mnist5k" / "MNIST" / "raw", raw)
     images = raw / "train-images-idx3-ubyte"
     images.write_bytes(images.read_bytes()[:100_000])
-    done = run_python("step1_baseline.py", *SHORT, *outputs(tmp_path), "--data-dir", tmp_path)
+    done = run_python("step1_baseline.py", *SHORT, *output_folders(tmp_path), "--data-dir", tmp_path)
     assert_one_line_error(done, "is damaged", "git checkout -- data/")
     assert "not found" not in done.stderr
 
@@ -111,7 +107,7 @@ def finished_run(tmp_path_factory):
     """A finished 2-process run with its checkpoints: steps 2 (mid-epoch) and 3 (end)."""
     folder = tmp_path_factory.mktemp("finished")
     done = run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
-                        "--batch-size", 32, *outputs(folder), "--save", folder / "weights.pt")
+                        "--batch-size", 32, *output_folders(folder), "--save", folder / "weights.pt")
     assert "epoch 1/1" in done.stdout, done.stderr
     return folder
 
@@ -138,7 +134,7 @@ def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage
 
 
 def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_path):
-    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, *outputs(tmp_path),
+    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, *output_folders(tmp_path),
                         "--resume", finished_run / "weights.pt")
     assert_one_line_error(done, "is not a checkpoint of this course")
     assert_no_training(done)

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
-from core import data, distributed, models, training
-from core.cli import DEFAULT_DATA_DIR
+from lesson import data, loop, models, process
+from machinery import datasets
+from machinery.cli import DEFAULT_DATA_DIR
 from distributed_helpers import run_in_group
 
 ODD_SIZE = 999  # divides neither by 2 nor by the evaluation batch
@@ -23,15 +24,15 @@ def trained_a_little():
     torch.manual_seed(0)
     model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
     train, _ = data.load_datasets("mnist5k", DEFAULT_DATA_DIR)
-    images, labels = data.as_tensors(Subset(train, range(256)))
+    images, labels = datasets.as_tensors(Subset(train, range(256)))
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     for start in range(0, 256, 64):
-        training.train_step(model, optimizer, images[start:start + 64], labels[start:start + 64])
+        loop.train_step(model, optimizer, images[start:start + 64], labels[start:start + 64])
     return model
 
 
 def cpu_runtime(rank, world_size, backend):
-    return distributed.Runtime(rank, rank, world_size, world_size, torch.device("cpu"), backend, 1,
+    return process.Runtime(rank, rank, world_size, world_size, torch.device("cpu"), backend, 1,
                                datetime.timedelta(seconds=60))
 
 
@@ -39,7 +40,7 @@ def evaluate_on_rank(rank, world_size, state):
     model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
     model.load_state_dict(state)
     runtime = cpu_runtime(rank, world_size, "gloo")
-    return training.evaluate(model, training.TestSet(odd_test_set(), runtime), runtime, batch_size=100)
+    return loop.evaluate(model, loop.TestSet(odd_test_set(), runtime), runtime, batch_size=100)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def model():
 
 def test_two_ranks_equal_one_process_on_an_odd_sized_test_set(model):
     single_runtime = cpu_runtime(0, 1, None)
-    single = training.evaluate(model, training.TestSet(odd_test_set(), single_runtime), single_runtime, batch_size=100)
+    single = loop.evaluate(model, loop.TestSet(odd_test_set(), single_runtime), single_runtime, batch_size=100)
     ranks = run_in_group(evaluate_on_rank, model.state_dict())
     assert 0.2 < single["test_accuracy"] < 1.0  # a model that is neither random nor perfect
     for result in ranks:

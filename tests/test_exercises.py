@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from conftest import REPO, SCRIPTS
-from core import data, models
-from core.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
+from helpers import REPO, SCRIPTS
+from lesson import data, models
+from machinery import datasets, more_models
+from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
 
 NOTEBOOKS = REPO / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
@@ -54,7 +55,7 @@ def uneven_shards_context(train_set):
     """Notebook 02, exercise 3: a Net without dropout, 64 images and a gradient helper."""
     torch.manual_seed(0)
     net = models.Net(dropout=False)
-    images, labels = data.as_tensors(Subset(train_set, range(64)))
+    images, labels = datasets.as_tensors(Subset(train_set, range(64)))
 
     def gradient(images, labels):
         net.zero_grad()
@@ -145,7 +146,7 @@ def wrong_answers(exercise_id, extra):
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "06.1": {"head_bytes": 4 * (10 * 512 + 10),  # right, but layer4 counted from its state_dict
                  "layer4_and_head_bytes": 4 * (10 * 512 + 10) + sum(
-                     value.numel() * value.element_size() for value in models.resnet18().layer4.state_dict().values())},
+                     value.numel() * value.element_size() for value in more_models.resnet18().layer4.state_dict().values())},
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},

@@ -13,18 +13,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import PYTHON, REPO, SCRIPTS, assert_one_line_error, free_port, run_torchrun, script_env
-from core import distributed
+from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, free_port, run_torchrun, script_env
+from lesson import process
+from machinery import stragglers
 
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 
 
-def outputs(tmp_path):
-    return ("--checkpoint-dir", tmp_path / "checkpoints", "--results-dir", tmp_path / "results")
-
-
 def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
-    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path), "--timeout", 5,
+    done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--timeout", 5,
                         "--fault", "stall", "--fault-rank", 1, "--fault-step", 3, timeout=180)
     assert done.returncode != 0
     assert "fault drill: rank 1 stalls" in done.stdout
@@ -34,7 +31,7 @@ def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
 
 
 def test_a_rank_that_exits_early_ends_the_job_and_torchrun_names_it(tmp_path):
-    done = run_torchrun("step4_ddp.py", *SHORT, *outputs(tmp_path),
+    done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path),
                         "--fault", "exit", "--fault-rank", 1, "--fault-step", 3, timeout=180)
     assert done.returncode != 0
     assert "fault drill: rank 1 exits with status 3 after step 3" in done.stdout
@@ -50,7 +47,7 @@ def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_pat
     def node(rank, data_dir):
         command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
                    "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                   str(SCRIPTS / "step4_ddp.py"), *map(str, SHORT), *map(str, outputs(tmp_path / f"node{rank}")),
+                   str(SCRIPTS / "step4_ddp.py"), *map(str, SHORT), *map(str, output_folders(tmp_path / f"node{rank}")),
                    "--data-dir", data_dir]
         return subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -82,7 +79,7 @@ def two_ranks(monkeypatch):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(store.port))
-    ranks = [distributed.Progress(distributed.Runtime(rank, rank, 2, 1, torch.device("cpu"), "gloo", 1,
+    ranks = [stragglers.StragglerWatch(process.Runtime(rank, rank, 2, 1, torch.device("cpu"), "gloo", 1,
                                                       datetime.timedelta(seconds=5))) for rank in (0, 1)]
     yield ranks
     for progress in ranks:
@@ -111,7 +108,7 @@ def test_the_rank_behind_is_named_however_long_the_steps(two_ranks, stopped_at, 
     mine = POSTS[:POSTS.index(stopped_at) + 1] if stopped_at in POSTS else [*POSTS[:-2], stopped_at]
     for step, phase in mine:
         other.post(step, phase, now=phase == "starting")
-    time.sleep(4 * distributed.Progress.INTERVAL)  # no more posts: rank 1 is stuck, rank 0 waits
+    time.sleep(4 * stragglers.StragglerWatch.INTERVAL)  # no more posts: rank 1 is stuck, rank 0 waits
     line = waiter.explain_collective_failure(TIMED_OUT, 3)
     assert line.startswith("rank 0 waited longer than --timeout 5 s in a collective at step 3: "), line
     if named:

@@ -8,10 +8,11 @@ the run starts from exactly that file, trains what --finetune says, and validate
 import pytest
 import torch
 
-from conftest import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
+from helpers import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
 import step6_finetune
-from core import data, finetune, models
-from core.cli import parse_args
+from lesson import models
+from machinery import datasets, finetune, more_models
+from machinery.cli import parse_args
 from data_makers import write_image_folder, write_resnet18_weights
 from distributed_helpers import run_in_group
 
@@ -45,7 +46,7 @@ def runs(files, tmp_path_factory):
 
 def body_parameters(state):
     """The names of the trainable tensors outside the head (not BatchNorm's running statistics)."""
-    names = {name for name, _ in models.resnet18(num_classes=2).named_parameters()}
+    names = {name for name, _ in more_models.resnet18(num_classes=2).named_parameters()}
     return [name for name in state if name in names and not name.startswith(finetune.HEAD)]
 
 
@@ -72,7 +73,7 @@ def test_with_every_layer_training_the_body_moves_away_from_the_file(runs, files
 
 
 def test_the_run_says_how_much_trains_and_how_many_gradient_bytes_ddp_reduces(runs):
-    model = models.resnet18(num_classes=2)
+    model = more_models.resnet18(num_classes=2)
     head = sum(p.numel() for name, p in model.named_parameters() if name.startswith(finetune.HEAD))
     total = sum(p.numel() for p in model.parameters())
     assert (f"--finetune head: {head:,} of {total:,} parameters train; DDP all-reduces {4 * head:,} bytes"
@@ -83,12 +84,12 @@ def test_the_run_says_how_much_trains_and_how_many_gradient_bytes_ddp_reduces(ru
 
 def test_validation_over_two_ranks_is_the_whole_val_split_exactly(runs, files):
     """The record's loss and accuracy equal one process scoring every val image with the saved weights."""
-    _, val = data.read_datasets("imagefolder", files["data_dir"])
+    _, val = datasets.read_datasets("imagefolder", files["data_dir"])
     for run in runs.values():
-        model = models.resnet18(num_classes=2)
+        model = more_models.resnet18(num_classes=2)
         model.load_state_dict(run["weights"])
         model.eval()
-        images, labels = data.as_tensors(val)
+        images, labels = datasets.as_tensors(val)
         with torch.no_grad():
             logits = model(images)
         last = run["record"]["per_epoch"][-1]
@@ -106,7 +107,7 @@ def ddp_reduced_bytes(rank, world_size):
     counts = {}
     for mode in ("head", "all"):
         torch.manual_seed(0)
-        model = models.resnet18(num_classes=2)
+        model = more_models.resnet18(num_classes=2)
         finetune.freeze(model, mode)
         model = DDP(model)
         reduced = []
@@ -127,7 +128,7 @@ def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
         for reduced, counted in counts.values():
             assert reduced == counted
         assert counts["head"][1] == 4 * (512 * 2 + 2)  # fc: 2 x 512 weights and 2 biases, float32
-        assert counts["all"][1] == 4 * sum(p.numel() for p in models.resnet18(num_classes=2).parameters())
+        assert counts["all"][1] == 4 * sum(p.numel() for p in more_models.resnet18(num_classes=2).parameters())
 
 
 # ---------------------------------------------------------------- one-line errors

@@ -63,8 +63,8 @@ TRAINING_JOBS = [path for path in PBS_JOBS + SLURM_JOBS if "COURSE_TRAIN_ARG_LIS
 def test_every_training_job_runs_under_torchrun_so_a_dead_worker_is_restarted(path):
     """Single-process steps too, as a group of one: torchrun --max-restarts restarts it from its checkpoint."""
     command = path.read_text().replace("\\\n", " ")
-    assert re.search(r"(scripts/launch\.py|job_scripts/node_launch\.sh)\b.*\bscripts/train_\w+\.py", command)
-    assert not re.search(r"python scripts/train_", command), "a training script started without torchrun"
+    assert re.search(r"(scripts/tools/launch\.py|job_scripts/node_launch\.sh)\b.*\bscripts/step\w+\.py", command)
+    assert not re.search(r"python scripts/step", command), "a training script started without torchrun"
 
 
 def test_the_node_launcher_starts_torchrun_through_launch_py():

@@ -213,7 +213,7 @@ def test_cells_of_notebook_00_run_through_the_kernel(job):
         status, output = asyncio.run(execute(url, layout))
         assert status == "ok", output
         assert output == stored_output("00_concepts.ipynb", "NODES, GPUS_PER_NODE = 2, 4")
-        status, output = asyncio.run(execute(url, "from core import distributed\nprint(distributed.process_layout())"))
+        status, output = asyncio.run(execute(url, "from lesson import process\nprint(process.process_layout())"))
         assert (status, output) == ("ok", "(0, 0, 1, 1)\n")  # the course's core, imported by the kernel
     finally:
         job.api("DELETE", f"/api/sessions/{session['id']}")

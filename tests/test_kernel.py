@@ -10,7 +10,7 @@ import sys
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture

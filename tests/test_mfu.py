@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from core import mfu, models
+from lesson import models
+from machinery import mfu
 
 
 class FakeDataParallel(nn.DataParallel):

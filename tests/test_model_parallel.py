@@ -10,58 +10,50 @@ import datetime
 import pytest
 import torch
 
-import step6_model_parallel as model_parallel
-from conftest import assert_ok, assert_one_line_error, read_json, run_torchrun
-from core import CourseError, models
-from core.distributed import Runtime
+from lesson import model_parallel
+from helpers import run_outputs, saved_weights, assert_ok, assert_one_line_error, read_json, run_torchrun
+from machinery import more_models
+from machinery.errors import CourseError
+from lesson.process import Runtime
 
 # 2 epochs of 3 steps on synthetic CIFAR-shaped images, a checkpoint every 2 steps and at each epoch end.
 RUN = ("--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 2, "--max-steps", 3,
        "--batch-size", 8, "--checkpoint-every", 2)
 
 
-def outputs(folder, name):
-    return ("--checkpoint-dir", folder / f"{name}-checkpoints", "--results-dir", folder, "--run-name", name,
-            "--save", folder / f"{name}.pt")
-
-
-def weights(folder, name):
-    return torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The model-parallel script and step4_ddp.py, the same run, 2 processes each."""
     folder = tmp_path_factory.mktemp("model-parallel")
-    split = run_torchrun("step6_model_parallel.py", *RUN, *outputs(folder, "split"))
+    split = run_torchrun("step6_model_parallel.py", *RUN, *run_outputs(folder, "split"))
     assert_ok(split)
-    assert_ok(run_torchrun("step4_ddp.py", *RUN, *outputs(folder, "ddp")))
+    assert_ok(run_torchrun("step4_ddp.py", *RUN, *run_outputs(folder, "ddp")))
     return {"folder": folder, "stdout": split.stdout}
 
 
 def test_each_replica_is_cut_in_two_and_trains_under_torchrun(reference):
     assert ("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu"
             in reference["stdout"]), reference["stdout"]
-    record = read_json(reference["folder"] / "split.json")
+    record = read_json(reference["folder"] / "results" / "split.json")
     assert (record["script"], record["world_size"], record["model"]) == ("step6_model_parallel", 2, "resnet18")
     assert len(record["per_epoch"]) == 2
 
 
 def test_the_saved_weights_are_a_plain_resnet18s_and_equal_train_ddps(reference):
-    split, ddp = weights(reference["folder"], "split"), weights(reference["folder"], "ddp")
-    models.resnet18().load_state_dict(split)  # strict: the same names as the one-device model
+    split, ddp = saved_weights(reference["folder"], "split"), saved_weights(reference["folder"], "ddp")
+    more_models.resnet18().load_state_dict(split)  # strict: the same names as the one-device model
     different = [name for name in ddp if not torch.equal(split[name], ddp[name])]
     assert split.keys() == ddp.keys() and not different, different[:5]
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(reference, tmp_path):
-    stopped = run_torchrun("step6_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"),
+    stopped = run_torchrun("step6_model_parallel.py", *RUN, *run_outputs(tmp_path, "stopped"),
                            "--fault", "exit", "--fault-step", 5)
     assert stopped.returncode != 0
-    resumed = run_torchrun("step6_model_parallel.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
+    resumed = run_torchrun("step6_model_parallel.py", *RUN, *run_outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000004.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
-    split, again = weights(reference["folder"], "split"), weights(tmp_path, "stopped")
+    split, again = saved_weights(reference["folder"], "split"), saved_weights(tmp_path, "stopped")
     assert all(torch.equal(split[name], again[name]) for name in split)
 
 
@@ -101,7 +93,7 @@ def test_on_a_cpu_both_halves_sit_on_the_cpu():
 
 def test_the_two_device_model_computes_what_the_plain_one_does():
     torch.manual_seed(0)
-    plain = models.resnet18().eval()
+    plain = more_models.resnet18().eval()
     split = model_parallel.TwoDeviceResNet(plain, torch.device("cpu"), torch.device("cpu")).eval()
     images = torch.randn(2, 3, 32, 32)
     assert torch.equal(split(images), plain(images))
@@ -110,7 +102,7 @@ def test_the_two_device_model_computes_what_the_plain_one_does():
 
 def test_the_replica_is_on_the_devices_it_was_given():
     """Meta tensors stand in for a second device: the layers must follow the split."""
-    split = model_parallel.TwoDeviceResNet(models.resnet18(), torch.device("cpu"), torch.device("meta"))
+    split = model_parallel.TwoDeviceResNet(more_models.resnet18(), torch.device("cpu"), torch.device("meta"))
     devices = {name: next(getattr(split, name).parameters()).device.type
                for name in ("conv1", "layer2", "layer3", "fc")}
     assert devices == {"conv1": "cpu", "layer2": "cpu", "layer3": "meta", "fc": "meta"}

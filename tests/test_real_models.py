@@ -15,9 +15,10 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import (REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun,
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun,
                       script_env, torchrun_command)
-from core import data, models
+from lesson import data, models
+from machinery import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
 
 PER_BATCH, TEST_IMAGES = 40, 40  # 5 x 40 = 200 training images
@@ -45,21 +46,6 @@ def run_on_cifar(cifar, script, *args, nproc=1, launcher=()):
     return subprocess.run(command, cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300)
 
 
-def outputs(folder, name):
-    return ("--checkpoint-dir", folder / f"{name}-checkpoints", "--results-dir", folder / "results",
-            "--run-name", name, "--save", folder / f"{name}.pt")
-
-
-def weights(folder, name):
-    return torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    different = [key for key in a if not torch.equal(a[key], b[key])]
-    assert not different, f"differ: {different[:5]} ({len(different)} of {len(a)})"
-
-
 # ---------------------------------------------------------------- the data set
 
 def test_the_written_files_load_through_torchvision_with_their_classes_and_splits(cifar, monkeypatch):
@@ -77,30 +63,30 @@ def test_in_memory_images_equal_the_test_transform_bit_for_bit(cifar, monkeypatc
 
     monkeypatch.setattr(cifar_module, "check_integrity", lambda fpath, md5=None: True)
     _, test = data.load_datasets("cifar10", cifar["data_dir"])
-    images, labels = data.as_tensors(test)
+    images, labels = datasets.as_tensors(test)
     one_by_one = torch.stack([test[i][0] for i in range(len(test))])
     assert torch.equal(images, one_by_one) and labels.tolist() == test.targets
 
 
 def test_batch_augmentation_is_torchvisions_crop_and_flip():
     """crop_and_flip on normalised tensors = torchvision's pad (black), crop, flip, then normalise."""
-    train, _ = data.read_datasets("synthetic-cifar10", ".")
-    _, to_tensor = data.cifar10_transforms()  # ToTensor + Normalize
-    images, _ = data.as_tensors(torch.utils.data.Subset(train, range(4)))
+    train, _ = datasets.read_datasets("synthetic-cifar10", ".")
+    _, to_tensor = datasets.cifar10_transforms()  # ToTensor + Normalize
+    images, _ = datasets.as_tensors(torch.utils.data.Subset(train, range(4)))
     tops, lefts, flips = torch.tensor([0, 8, 3, 5]), torch.tensor([8, 0, 4, 1]), torch.tensor([True, False, True, False])
-    black = -torch.tensor(data.CIFAR10_MEAN) / torch.tensor(data.CIFAR10_STD)
-    ours = data.crop_and_flip(images, tops, lefts, flips, data.CIFAR10_PADDING, black)
+    black = -torch.tensor(datasets.CIFAR10_MEAN) / torch.tensor(datasets.CIFAR10_STD)
+    ours = datasets.crop_and_flip(images, tops, lefts, flips, datasets.CIFAR10_PADDING, black)
     for i in range(4):
-        picture = TF.crop(TF.pad(Image.fromarray(train.data[i]), data.CIFAR10_PADDING, fill=0), int(tops[i]),
+        picture = TF.crop(TF.pad(Image.fromarray(train.data[i]), datasets.CIFAR10_PADDING, fill=0), int(tops[i]),
                           int(lefts[i]), 32, 32)
         expected = to_tensor(TF.hflip(picture) if flips[i] else picture)
         assert torch.allclose(ours[i], expected, atol=1e-6), i
 
 
 def augmented_epoch(seed, skip=0):
-    train, _ = data.read_datasets("synthetic-cifar10", ".")
+    train, _ = datasets.read_datasets("synthetic-cifar10", ".")
     batches = data.TensorBatches(torch.utils.data.Subset(train, range(64)), range(64), 16, "cpu",
-                                 augment=data.cifar10_augment)
+                                 augment=datasets.cifar10_augment)
     return [images for images, _ in batches.iterate(skip, seed=seed)], batches
 
 
@@ -126,7 +112,7 @@ def training_flops_per_image(model):
 
 
 def test_the_cifar_stem_costs_about_15_times_the_seed_models_compute():
-    seed_model, cifar_stem = models.resnet18(), models.resnet18_cifar()
+    seed_model, cifar_stem = more_models.resnet18(), more_models.resnet18_cifar()
     ratio = training_flops_per_image(cifar_stem) / training_flops_per_image(seed_model)
     assert 14 < ratio < 16, ratio
     assert seed_model(torch.zeros(2, 3, 32, 32)).shape == cifar_stem(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
@@ -144,7 +130,7 @@ def test_every_model_returns_logits_not_probabilities(name):
     """The loss is F.cross_entropy, which applies log_softmax itself: a model that ended in
     softmax or log_softmax would have it applied twice. Logits take either sign, and their
     rows neither sum to 1 nor do their exponentials."""
-    channels, height, width = models.INPUTS[name]
+    channels, height, width = more_models.INPUTS[name]
     model = models.build_model(argparse.Namespace(model=name, dropout=True, seed=0)).eval()
     images = torch.randn(8, channels, height or 32, width or 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -171,17 +157,17 @@ SCRIPT_CASES = {"step1_baseline": 1, "step3_data_parallel": 1, "step2_allreduce"
 def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, tmp_path):
     world_size = SCRIPT_CASES[script]
     done = run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
-                        "--max-steps", 2, "--batch-size", 16, *outputs(tmp_path, "run"), nproc=world_size)
+                        "--max-steps", 2, "--batch-size", 16, *run_outputs(tmp_path, "run"), nproc=world_size)
     assert_ok(done)
     record = read_json(tmp_path / "results" / "run.json")
     assert (record["dataset"], record["model"], record["world_size"]) == ("cifar10", "resnet18", world_size)
     assert record["per_epoch"][0]["test_samples"] == TEST_IMAGES
-    assert models.resnet18().load_state_dict(weights(tmp_path, "run"))  # strict: a plain ResNet-18's weights
+    assert more_models.resnet18().load_state_dict(saved_weights(tmp_path, "run"))  # strict: a plain ResNet-18's weights
 
 
 def test_the_synthetic_set_trains_without_any_file(tmp_path):
     done = run_torchrun("step4_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
-                        "--max-steps", 2, "--batch-size", 16, *outputs(tmp_path, "synthetic"),
+                        "--max-steps", 2, "--batch-size", 16, *run_outputs(tmp_path, "synthetic"),
                         "--data-dir", tmp_path / "nothing-here")
     assert_ok(done)
     record = read_json(tmp_path / "results" / "synthetic.json")
@@ -193,40 +179,40 @@ def test_the_synthetic_set_trains_without_any_file(tmp_path):
 @pytest.fixture(scope="module")
 def uninterrupted(cifar, tmp_path_factory):
     folder = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(folder, "single")))
-    assert_ok(run_on_cifar(cifar, "step4_ddp.py", *RUN, *outputs(folder, "ddp"), nproc=2))
-    return {"single": weights(folder, "single"), "ddp": weights(folder, "ddp")}
+    assert_ok(run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(folder, "single")))
+    assert_ok(run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(folder, "ddp"), nproc=2))
+    return {"single": saved_weights(folder, "single"), "ddp": saved_weights(folder, "ddp")}
 
 
 def test_the_reference_runs_trained(uninterrupted):
     torch.manual_seed(0)
-    untrained = models.resnet18().state_dict()
+    untrained = more_models.resnet18().state_dict()
     assert not torch.equal(untrained["fc.weight"], uninterrupted["single"]["fc.weight"])
     assert not torch.equal(uninterrupted["single"]["fc.weight"], uninterrupted["ddp"]["fc.weight"])
 
 
 def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
-    stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(tmp_path, "stopped"), "--fault", "exit",
+    stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--fault", "exit",
                            "--fault-step", 7)
     assert stopped.returncode == 3, stopped.stdout + stopped.stderr
-    resumed = run_on_cifar(cifar, "step1_baseline.py", *RUN, *outputs(tmp_path, "stopped"), "--resume")
+    resumed = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000006.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
-    assert_same_weights(weights(tmp_path, "stopped"), uninterrupted["single"])
+    assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["single"])
 
 
 def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
-    done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *outputs(tmp_path, "killed"), "--fault", "kill",
+    done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"), "--fault", "kill",
                         "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
     assert_ok(done)
     assert "checkpoint-00000006.pt: epoch 2, 1 of" in done.stdout, done.stdout
-    assert_same_weights(weights(tmp_path, "killed"), uninterrupted["ddp"])
+    assert_same_weights(saved_weights(tmp_path, "killed"), uninterrupted["ddp"])
 
 
 def dataloader_run(cifar, folder, name, workers, *extra):
     return run_on_cifar(cifar, "step1_baseline.py", *RUN, "--loader", "dataloader", "--workers", workers,
-                        *outputs(folder, name), *extra)
+                        *run_outputs(folder, name), *extra)
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -240,8 +226,8 @@ def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(
     assert_ok(dataloader_run(cifar, tmp_path, "stopped", workers, "--resume"))
     whole, resumed = (read_json(tmp_path / "results" / f"{name}.json") for name in ("whole", "stopped"))
     assert [e["first_indices"] for e in resumed["per_epoch"]] == [e["first_indices"] for e in whole["per_epoch"]]
-    same = all(torch.equal(a, b) for a, b in zip(weights(tmp_path, "whole").values(),
-                                                  weights(tmp_path, "stopped").values()))
+    same = all(torch.equal(a, b) for a, b in zip(saved_weights(tmp_path, "whole").values(),
+                                                  saved_weights(tmp_path, "stopped").values()))
     assert same == (workers == 0)
 
 

@@ -1,5 +1,5 @@
 """`make run`: the whole course path runs and ends with one comparison table."""
-from conftest import assert_ok, run_python
+from helpers import assert_ok, run_python
 
 STEPS = ["1 one process", "2 all_reduce per-parameter", "2 all_reduce bucket", "3 DataParallel", "4 DDP"]
 

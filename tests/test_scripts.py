@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
+from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
 from data_makers import write_image_folder, write_resnet18_weights
 
 SHORT = ("--epochs", 2, "--max-steps", 4, "--batch-size", 32)

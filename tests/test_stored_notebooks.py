@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 PER_RUN_KEYS = ("execution", "ExecuteTime")  # nbclient's timestamps; the older nbextension's

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_ok, run_torchrun, script_env
+from helpers import REPO, assert_ok, run_torchrun, script_env
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
 

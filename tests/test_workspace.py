@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 GIT_IDENTITY = ["-c", "user.name=Course", "-c", "user.email=course@example.org"]
 

@@ -1,0 +1,93 @@
+"""What the tests share: the repository's paths, running scripts as a user would, and the checks of a
+run's outcome (one line each, one meaning each)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from machinery.launch_checks import free_port  # noqa: F401 (the tests' private rendezvous ports)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+PYTHON = sys.executable
+
+
+def script_env(**extra):
+    """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only."""
+    env = dict(os.environ)
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # a fresh store per torchrun restart (machinery.launch_checks)
+    env.update({name: str(value) for name, value in extra.items()})
+    return env
+
+
+def run_python(script, *args, timeout=300, env=None):
+    return subprocess.run([PYTHON, str(SCRIPTS / script), *map(str, args)], cwd=REPO, env=env or script_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_command(script, *args, nproc=2, launcher=()):
+    """torchrun with a private rendezvous port on 127.0.0.1, so tests never collide."""
+    return [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", *launcher,
+            str(SCRIPTS / script), *map(str, args)]
+
+
+def run_torchrun(script, *args, nproc=2, timeout=300, launcher=(), env=None):
+    return subprocess.run(torchrun_command(script, *args, nproc=nproc, launcher=launcher), cwd=REPO,
+                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def assert_ok(done):
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+
+
+def error_lines(done):
+    return [line for line in done.stderr.splitlines() if line.startswith("error:")]
+
+
+def assert_one_line_error(done, *fragments):
+    """A course script's own error line (``error: ...``, from cli.run), and no traceback from the script.
+
+    Under torchrun the launcher adds one traceback of its own (ChildFailedError) after the
+    children exit; that one is torchrun's, and it comes after the script's line.
+    """
+    assert done.returncode != 0
+    if "Traceback" in done.stderr:
+        assert done.stderr.count("Traceback") == 1 and "ChildFailedError" in done.stderr, done.stderr
+        assert error_lines(done) and done.stderr.index("error:") < done.stderr.index("Traceback")
+    lines = error_lines(done)
+    assert lines, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())
+
+
+def output_folders(folder):
+    """The two folders a run writes into, both under ``folder``."""
+    return ("--checkpoint-dir", folder / "checkpoints", "--results-dir", folder / "results")
+
+
+def run_outputs(folder, name):
+    """The output flags of run ``name`` whose files all go under ``folder``: its checkpoints, its record
+    (results/<name>.json) and its final weights (<name>.pt, read back by ``saved_weights``)."""
+    return ("--checkpoint-dir", folder / f"{name}-checkpoints", "--results-dir", folder / "results",
+            "--run-name", name, "--save", folder / f"{name}.pt")
+
+
+def saved_weights(folder, name):
+    return torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(a, b):
+    """Two state_dicts hold the same names and bit-for-bit the same tensors."""
+    assert a.keys() == b.keys()
+    different = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not different, (f"differ: {different[:5]} ({len(different)} of {len(a)}); largest gap "
+                           f"{max((a[k] - b[k]).abs().max().item() for k in different):.1e}")
