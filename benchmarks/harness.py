@@ -72,9 +72,9 @@ METHODS = [
            needs_gpu="DataParallel needs GPUs: on a CPU it calls the model in one process, as step 1 does"),
     Method("DDP", "step4_ddp.py", True),
     Method("DDP no_sync, accumulate 4", "step4_ddp.py", True, ("--accumulate", "4")),
-    Method("one process, seed-004 recipe", "step1_baseline.py", False,
+    Method("one process, pytorch/examples recipe", "step1_baseline.py", False,
            ("--loader", "dataloader", "--workers", "1", "--pin-memory", "--optimizer", "adadelta", "--lr", "1.0"),
-           needs_gpu="the seed-004 recipe is compared on a GPU (on a CPU: benchmarks/time_to_accuracy.py)"),
+           needs_gpu="the pytorch/examples MNIST recipe is compared on a GPU (on a CPU: benchmarks/time_to_accuracy.py)"),
 ]
 
 MODELS = [

@@ -117,11 +117,11 @@ def overlap_targets(step, world):
 
 
 def recipe_speedup(rows, gpus):
-    name, goal = "one GPU: course baseline samples/s / seed-004 recipe samples/s", f">= {RECIPE_SPEEDUP_GOAL:.0f}"
+    name, goal = "one GPU: course baseline samples/s / pytorch/examples recipe samples/s", f">= {RECIPE_SPEEDUP_GOAL:.0f}"
     if not gpus:
         return skipped(name, goal, "a GPU target: no GPU here")
     course = find(rows, model="net", method="one process", processes=1, role="scaling")
-    recipe = find(rows, model="net", method="one process, seed-004 recipe", role="scaling")
+    recipe = find(rows, model="net", method="one process, pytorch/examples recipe", role="scaling")
     if not (course and recipe):
         return skipped(name, goal, "a run is missing")
     ratio = course["samples_per_second"] / recipe["samples_per_second"]
@@ -161,7 +161,7 @@ def devices_used(row, gpus):
 
 def compute_reference(rows, row, gpus):
     """The step of the same layout with no communication (see harness.py), or None."""
-    if row["method"] in ("one process", "one process, seed-004 recipe", "DataParallel"):
+    if row["method"] in ("one process", "one process, pytorch/examples recipe", "DataParallel"):
         return row["step_seconds"] if row["method"] != "DataParallel" else None
     if gpus:
         single = find(rows, model=row["model"], method="one process", processes=1, batch_size=row["batch_size"])

@@ -1,4 +1,4 @@
-"""Fine-tuning a pretrained ResNet-18 on an ImageFolder (the seed-001 system), under torchrun.
+"""Fine-tuning a pretrained ResNet-18 on an ImageFolder (as the SageMaker DDP tutorial does with the ants and bees), under torchrun.
 
 Neither the ants and bees nor torchvision's ImageNet weights can be downloaded here. The
 tests write a real ImageFolder (PNG files, two classes of bundled MNIST digits) and a

@@ -34,7 +34,7 @@ def test_every_pbs_job_has_a_slurm_twin():
     assert {path.stem for path in PBS_JOBS} == {path.stem for path in SLURM_JOBS}
 
 
-# The seed systems' jobs: what each trains by default (COURSE_ARGS come after, and can change it).
+# The source tutorials' jobs: what each trains by default (COURSE_ARGS come after, and can change it).
 SEED_JOBS = {
     "06_cifar10_baseline": ("scripts/step1_baseline.py", "--dataset cifar10 --model resnet18 --epochs 2"),
     "06_cifar10_ddp": ("scripts/step4_ddp.py", "--dataset cifar10 --model resnet18 --epochs 2"),

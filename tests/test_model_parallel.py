@@ -1,4 +1,4 @@
-"""DDP combined with model parallelism (the seed-003 system): one replica over two devices.
+"""DDP combined with model parallelism (as the official DDP tutorial shows it): one replica over two devices.
 
 On a CPU both halves sit on the CPU, so the split changes where layers would sit and
 nothing of what trains: the run must end with step4_ddp.py's weights, bit for bit. The

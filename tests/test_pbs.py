@@ -118,7 +118,7 @@ JOBS = {
     ),
     # JupyterLab on the job's host, told to stop when idle (Jupyter looks once a minute): the
     # server really started there, named its tunnel, and ended the job by itself.
-    # CIFAR-10 with ResNet-18 (seed 000), on CIFAR-shaped images made up in memory.
+    # CIFAR-10 with ResNet-18 (the Palmetto DDP tutorial), on CIFAR-shaped images made up in memory.
     "06_cifar10_baseline.pbs": Submission(
         "06_cifar10_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("06_cifar10_baseline", SYNTHETIC_CIFAR)},
         record={"script": "step1_baseline", "world_size": 1, "dataset": "synthetic-cifar10", "model": "resnet18"},
@@ -135,7 +135,7 @@ JOBS = {
         record={"script": "step4_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]), f"== node 1 ({NODE2}): exit status 0"),
     ),
-    # The fine-tune (seed 001) from a weights file, on a small ImageFolder of PNG digits.
+    # The fine-tune (the SageMaker DDP tutorial) from a weights file, on a small ImageFolder of PNG digits.
     "06_finetune_2nodes.pbs": Submission(
         "06_finetune_2nodes.pbs", TWO_HOSTS_ONE_CPU,
         {"COURSE_ARGS": short_run("06_finetune_2nodes", f"--data-dir {FINETUNE_DATA}/imagefolder "
@@ -143,7 +143,7 @@ JOBS = {
         record={"script": "step6_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
         log_has=("--finetune head: 1,026 of 11,177,538 parameters train", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
     ),
-    # DDP with model parallelism (seed 003): without GPUs, both halves of each replica on the CPU.
+    # DDP with model parallelism (the official DDP tutorial): without GPUs, both halves of each replica on the CPU.
     "06_model_parallel.pbs": Submission(
         "06_model_parallel.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_model_parallel", SYNTHETIC_CIFAR)},
         record={"script": "step6_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},

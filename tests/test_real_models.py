@@ -1,4 +1,4 @@
-"""CIFAR-10 and ResNet-18 (the seed-000 system): the data, the augmentation, every training
+"""CIFAR-10 and ResNet-18 (as the Palmetto DDP tutorial trains them): the data, the augmentation, every training
 script, and checkpoints that resume exactly.
 
 CIFAR-10 cannot be downloaded here. The tests write its files in its own format

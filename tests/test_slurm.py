@@ -88,7 +88,7 @@ def submitted(tmp_path_factory):
     return {"out": out, "cpus": cpus, "states": states, "logs": logs, "jobs": jobs, "overrides": overrides}
 
 
-# Small offline data for the seed systems' jobs (their own flags name the real data sets).
+# Small offline data for the source tutorials' jobs (their own flags name the real data sets).
 SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
 DATA = {
     "06_cifar10_baseline": SYNTHETIC_CIFAR, "06_cifar10_ddp": SYNTHETIC_CIFAR, "06_cifar10_ddp_2nodes": SYNTHETIC_CIFAR,

@@ -8,7 +8,7 @@ and workers); all_reduce by hand (per parameter, one bucket) and DDP with N proc
 each on cuda:LOCAL_RANK; DataParallel over all N; a DDP checkpoint loaded back onto a GPU with
 map_location; with 2 or more GPUs the equivalence check on NCCL and the all_reduce bandwidth
 sweep; every notebook, executed into a temporary folder (where Jupyter is installed); then the
-benchmark harness for the MNIST Net (DataParallel, the seed-004 recipe against the course's
+benchmark harness for the MNIST Net (DataParallel, the pytorch/examples MNIST recipe against the course's
 baseline, MFU against the GPU's data-sheet peak). Each step's record is checked
 (device, backend, world size, GPUs counted for MFU) and all of them are written, with the
 hardware, to one JSON record under --records.

@@ -1,0 +1,108 @@
+"""The code's layout: a lesson path a learner can read in one sitting, machinery that says it may be skipped,
+and no import that runs from the library up to an entry script."""
+import ast
+import re
+
+from helpers import REPO, SCRIPTS
+
+STEPS = ["step1_baseline.py", "step2_allreduce.py", "step3_data_parallel.py", "step4_ddp.py"]
+LIBRARY = ["lesson", "machinery", "notebook_support"]
+SKIP_MARK = "a learner may skip this module"
+LESSON_PATH_MAX_LINES = 700
+
+
+def module_file(name):
+    """The file of module ``name`` under scripts/, or None for a module outside the course."""
+    path = SCRIPTS.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_names(path):
+    """Every module name ``path`` imports, with each ``from X import y`` also as X.y (y may be a module)."""
+    package = path.parent.relative_to(SCRIPTS).parts
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ((base,) if base else ()))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def imported_files(path):
+    for name in imported_names(path):
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1):  # a package's __init__ runs before its modules
+            found = module_file(".".join(parts[:end]))
+            if found is not None:
+                yield found
+
+
+def import_closure(files):
+    seen, todo = set(), list(files)
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(imported_files(path))
+    return seen
+
+
+def opening(path):
+    """The first paragraph of a module's docstring, on one line."""
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return " ".join(docstring.split("\n\n")[0].split())
+
+
+def lines(path):
+    return len(path.read_text().splitlines())
+
+
+def test_the_lesson_path_of_the_four_steps_reads_in_one_sitting():
+    closure = import_closure([SCRIPTS / step for step in STEPS])
+    lesson = sorted(path for path in closure if SKIP_MARK not in opening(path))
+    total = sum(lines(path) for path in lesson)
+    listing = ", ".join(f"{path.relative_to(SCRIPTS)} {lines(path)}" for path in lesson)
+    assert total <= LESSON_PATH_MAX_LINES, f"the lesson path has {total} lines: {listing}"
+    # The lesson path is the steps and the lesson package: everything else they import says it may be skipped.
+    assert {path.relative_to(SCRIPTS).parts[0] for path in lesson} <= {"lesson", *STEPS}, listing
+
+
+def test_machinery_and_notebook_support_say_a_learner_may_skip_them_and_the_lesson_does_not():
+    for folder in LIBRARY:
+        for path in sorted((SCRIPTS / folder).glob("*.py")):
+            says_skip = SKIP_MARK in opening(path)
+            assert says_skip == (folder != "lesson"), f"{path.relative_to(REPO)}: {opening(path)}"
+
+
+def test_no_library_module_imports_an_entry_script():
+    """Entry scripts (the steps, the demos, the tools) import the library, never the other way."""
+    for folder in LIBRARY:
+        for path in sorted((SCRIPTS / folder).glob("*.py")):
+            for imported in imported_files(path):
+                top = imported.relative_to(SCRIPTS).parts[0]
+                assert top in LIBRARY, f"{path.relative_to(REPO)} imports {imported.relative_to(REPO)}"
+
+
+def test_nothing_is_called_by_a_name_built_at_run_time():
+    """Demos and callbacks are called from tables and by their names, never through globals()."""
+    for path in sorted(SCRIPTS.rglob("*.py")):
+        assert "globals()" not in path.read_text(), path.relative_to(REPO)
+
+
+def test_the_step_scripts_list_in_course_order():
+    steps = sorted(path.name for path in SCRIPTS.glob("step*.py"))
+    numbers = [re.match(r"step(\d+)([a-z]?)_", name).groups() for name in steps]
+    assert numbers == sorted(numbers, key=lambda n: (int(n[0]), n[1])), steps
+    assert set(STEPS) <= set(steps)
+
+
+def test_the_readme_describes_the_layout_that_is_there():
+    readme = (REPO / "README.md").read_text()
+    for folder in ["lesson", "machinery", "demos", "tools", "notebook_support"]:
+        assert (SCRIPTS / folder).is_dir() and f"scripts/{folder}/" in readme, folder
