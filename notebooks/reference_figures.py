@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import torch  # noqa: E402
 
-from core.reporting import cpu_name  # noqa: E402
+from machinery.reporting import cpu_name  # noqa: E402
 
 DRAWN = REPO / "results" / "figs"
 FIGS = REPO / "figs"

@@ -69,7 +69,7 @@ def test_compute_only_runs_take_the_steps_of_one_distributed_process():
 
 
 def test_not_accepted_is_told_from_a_failure():
-    argparse_error = "usage: step2_allreduce.py [-h]\ntrain_allreduce.py: error: argument --mode: invalid choice: 'x'"
+    argparse_error = "usage: step2_allreduce.py [-h]\nstep2_allreduce.py: error: argument --mode: invalid choice: 'x'"
     assert harness.why_not_accepted(argparse_error).startswith("step2_allreduce.py: error: argument --mode")
     assert harness.why_not_accepted("error: unknown --model 'vit'; choose one of: net") is not None
     assert harness.why_not_accepted("Traceback (most recent call last):\nRuntimeError: boom") is None
@@ -342,7 +342,7 @@ def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
 
 def test_gpu_check_runs_a_notebook_on_a_node_where_the_course_kernel_is_not_registered(tmp_path):
     """The notebooks name the kernel "ddp-course"; a GPU node need not have it (no `make kernel` there)."""
-    import gpu_check
+    from tools import gpu_check
 
     notebook = tmp_path / "tiny.ipynb"
     notebook.write_text(json.dumps({

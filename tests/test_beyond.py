@@ -60,9 +60,9 @@ def test_every_mode_leaves_the_same_gradients_on_every_rank(observed, mode):
     assert observed["overlap"][mode]["gradient_spread"] == 0.0
 
 
-def test_train_allreduce_trains_with_the_overlap_modes(results_dir, tmp_path):
+def test_own_ddp_trains_with_the_overlap_modes(results_dir, tmp_path):
     for mode in ("overlap", "overlap-bucket"):
-        done = run_torchrun("step2_allreduce.py", "--mode", mode, "--epochs", 1, "--max-steps", 3,
+        done = run_torchrun("step2b_own_ddp.py", "--mode", mode, "--epochs", 1, "--max-steps", 3,
                             "--results-dir", results_dir, "--run-name", mode, "--checkpoint-dir", tmp_path / mode)
         assert_ok(done)
         assert read_json(results_dir / f"{mode}.json")["per_epoch"][0]["train_loss"] > 0
@@ -82,7 +82,7 @@ def test_no_sync_synchronises_once_per_optimizer_step_and_without_it_k_times(obs
     assert accumulate["without no_sync"]["numbers_per_step"] == K * accumulate["no_sync"]["numbers_per_step"]
 
 
-@pytest.mark.parametrize("script, mode", [("step4_ddp.py", ()), ("step2_allreduce.py", ("--mode", "overlap-bucket"))])
+@pytest.mark.parametrize("script, mode", [("step4_ddp.py", ()), ("step2b_own_ddp.py", ("--mode", "overlap-bucket"))])
 def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path, script, mode):
     """--accumulate 2 with batches of 16 per rank is one step on 32 per rank: the same weights.
     (DDP and the hand-written overlap both skip the sync inside no_sync.)"""

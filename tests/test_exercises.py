@@ -86,7 +86,7 @@ def context(exercise_id, request, tmp_path):
     if exercise_id == "04.2":
         return {}, {"observed": request.getfixturevalue("ddp_buckets")}
     if exercise_id == "06.1":
-        return {"models": models}, {}
+        return {"more_models": more_models}, {}
     if exercise_id == "07.1":
         return {}, {"observed": request.getfixturevalue("beyond_observed")["accumulate"]}
     if exercise_id == "07.2":

@@ -109,7 +109,7 @@ def test_the_rank_behind_is_named_however_long_the_steps(two_ranks, stopped_at, 
     for step, phase in mine:
         other.post(step, phase, now=phase == "starting")
     time.sleep(4 * stragglers.StragglerWatch.INTERVAL)  # no more posts: rank 1 is stuck, rank 0 waits
-    line = waiter.explain_collective_failure(TIMED_OUT, 3)
+    line = waiter.explain_collective_failure(TIMED_OUT)  # in step 4, after 3 steps done
     assert line.startswith("rank 0 waited longer than --timeout 5 s in a collective at step 3: "), line
     if named:
         assert re.search(rf"rank 1 last reported step {stopped_at[0]} \d+ s ago \({stopped_at[1]}\)", line), line

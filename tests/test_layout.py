@@ -104,5 +104,11 @@ def test_the_step_scripts_list_in_course_order():
 
 def test_the_readme_describes_the_layout_that_is_there():
     readme = (REPO / "README.md").read_text()
-    for folder in ["lesson", "machinery", "demos", "tools", "notebook_support"]:
-        assert (SCRIPTS / folder).is_dir() and f"scripts/{folder}/" in readme, folder
+    section = readme[readme.index("## How the code is organised"):]
+    section = section[:section.index("\n## ", 1)]
+    folders = sorted(path.name for path in SCRIPTS.iterdir() if path.is_dir() and not path.name.startswith("__"))
+    assert folders == ["demos", "lesson", "machinery", "notebook_support", "tools"]
+    for folder in folders:
+        assert f"  {folder}/" in section, folder
+    for path in SCRIPTS.glob("step*.py"):
+        assert path.name in section or path.name.split("_")[0] in section, path.name

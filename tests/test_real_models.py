@@ -86,7 +86,7 @@ def test_batch_augmentation_is_torchvisions_crop_and_flip():
 def augmented_epoch(seed, skip=0):
     train, _ = datasets.read_datasets("synthetic-cifar10", ".")
     batches = data.TensorBatches(torch.utils.data.Subset(train, range(64)), range(64), 16, "cpu",
-                                 augment=datasets.cifar10_augment)
+                                 augment=datasets.batch_augmentation("cifar10"))
     return [images for images, _ in batches.iterate(skip, seed=seed)], batches
 
 

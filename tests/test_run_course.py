@@ -5,7 +5,7 @@ STEPS = ["1 one process", "2 all_reduce per-parameter", "2 all_reduce bucket", "
 
 
 def test_run_course_prints_a_row_per_step(tmp_path):
-    done = run_python("run_course.py", "--epochs", 1, "--results-dir", tmp_path, "--", "--max-steps", 3, timeout=600)
+    done = run_python("tools/run_course.py", "--epochs", 1, "--results-dir", tmp_path, "--", "--max-steps", 3, timeout=600)
     assert_ok(done)
     table = done.stdout.split("\nstep ")[-1].splitlines()
     rows = table[2:]  # after the header and its rule

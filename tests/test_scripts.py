@@ -90,6 +90,7 @@ def finetune_files(folder):
 SHUFFLING_SCRIPTS = {
     "step4_ddp.py": lambda folder: (),
     "step2_allreduce.py": lambda folder: (),
+    "step2b_own_ddp.py": lambda folder: (),
     "step6_model_parallel.py": lambda folder: ("--dataset", "synthetic-cifar10", "--model", "resnet18",
                                                    "--batch-size", 8),
     "step6_finetune.py": finetune_files,

@@ -2,7 +2,7 @@
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from core import models
+from lesson import models
 
 state = torch.load(PREFIXED, map_location="cpu", weights_only=True)  # keys 'module.conv1.weight', ...
 consume_prefix_in_state_dict_if_present(state, "module.")  # strips the prefix, in memory only
