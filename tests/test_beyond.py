@@ -1,4 +1,4 @@
-"""Beyond the defaults (scripts/demos/beyond_ddp.py, own_ddp.py and the Trainer's options): every
+"""Beyond the defaults (scripts/demos/beyond_ddp.py, step2b_own_ddp.py and the Trainer's options): every
 claim of notebook 07 checked against what a real 2-process gloo run did.
 
 The demos run once for the module; the other tests start the training scripts themselves.

@@ -1,6 +1,6 @@
 """The course's central claim: W processes with batch B train exactly like one process
 with batch W x B, for the hand-written all_reduce (after backward, per parameter and in one
-bucket; during backward, per parameter and in buckets: own_ddp.py) and for DDP.
+bucket; during backward, per parameter and in buckets: step2b_own_ddp.py) and for DDP.
 
 Dropout is off in these runs (demos/verify_equivalence.py turns it off): its random masks
 would differ between one process and two, whatever the seeds.

@@ -7,7 +7,7 @@ Each demo prints a section headed ``== name ==`` on rank 0, and ``--json`` write
 observed, for checks:
 
   overlap     the order of events in backward for the hand-written averaging (step2_allreduce.py):
-              after backward (bucket) and during it (overlap, overlap-bucket, own_ddp.py);
+              after backward (bucket) and during it (overlap, overlap-bucket, step2b_own_ddp.py);
               all_reduces per step, and whether one started before the last gradient was computed
   accumulate  gradient accumulation with DDP: K micro-batches with no_sync equal one step on
               the K-times larger batch, with one gradient sync per optimizer step; without

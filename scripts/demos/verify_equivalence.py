@@ -7,8 +7,8 @@ From the same initial weights and the same data order, every rank trains:
   single         one process on the whole global batch (each rank runs it locally)
   per-parameter  its shard, gradients averaged with one all_reduce per parameter
   bucket         its shard, gradients averaged with one all_reduce of a flat bucket
-  overlap        its shard, one all_reduce per parameter started during backward (own_ddp.py)
-  overlap-bucket its shard, one all_reduce per bucket started during backward (own_ddp.py)
+  overlap        its shard, one all_reduce per parameter started during backward (step2b_own_ddp.py)
+  overlap-bucket its shard, one all_reduce per bucket started during backward (step2b_own_ddp.py)
   ddp            its shard, wrapped in DistributedDataParallel
   no-averaging   its shard, gradients NOT averaged: the control that must differ
 Rank 0 prints the largest difference from `single` (gradients after step 1, weights
