@@ -267,7 +267,8 @@ def run_launcher(*args, env=None, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def assert_one_line_error(result, *words):
+def assert_launcher_error(result, *words):
+    """launch.py's own argparse-style error: its last line, no traceback (not a training script's line)."""
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr
@@ -301,17 +302,17 @@ def test_dry_run_says_what_it_derived_and_prints_a_command_that_runs(tmp_path):
 def test_cli_missing_node_file(tmp_path):
     env = clean_environment()
     env.update(PBS_JOBID="56.srv", PBS_NODEFILE=str(tmp_path / "missing"))
-    assert_one_line_error(run_launcher("--dry-run", SCRIPT, env=env), "PBS_NODEFILE", "missing")
+    assert_launcher_error(run_launcher("--dry-run", SCRIPT, env=env), "PBS_NODEFILE", "missing")
     del env["PBS_NODEFILE"]
-    assert_one_line_error(run_launcher("--dry-run", SCRIPT, env=env), "PBS_NODEFILE is not set")
+    assert_launcher_error(run_launcher("--dry-run", SCRIPT, env=env), "PBS_NODEFILE is not set")
 
 
 def test_cli_empty_node_file(tmp_path):
-    assert_one_line_error(run_launcher("--dry-run", SCRIPT, env=pbs_env(tmp_path)), "is empty")
+    assert_launcher_error(run_launcher("--dry-run", SCRIPT, env=pbs_env(tmp_path)), "is empty")
 
 
 def test_cli_no_such_script(tmp_path):
-    assert_one_line_error(run_launcher("--dry-run", "scripts/no_such.py", env=pbs_env(tmp_path, "localhost")), "no such training script")
+    assert_launcher_error(run_launcher("--dry-run", "scripts/no_such.py", env=pbs_env(tmp_path, "localhost")), "no such training script")
 
 
 def test_cli_port_taken_fails_at_once_and_names_the_fix(tmp_path):
@@ -322,14 +323,14 @@ def test_cli_port_taken_fails_at_once_and_names_the_fix(tmp_path):
         squatter.listen()
         start = time.monotonic()
         result = run_launcher(SCRIPT, env=pbs_env(tmp_path, "localhost", "127.0.0.1", job_id=job_id, PBS_NODENUM="0"))
-    assert_one_line_error(result, f"port {port}", "--port")
+    assert_launcher_error(result, f"port {port}", "--port")
     assert time.monotonic() - start < 20
 
 
 def test_cli_unresolvable_rendezvous_host_fails_at_once(tmp_path):
     env = pbs_env(tmp_path, "no-such-host.invalid", "localhost", PBS_NODENUM="1")
     start = time.monotonic()
-    assert_one_line_error(run_launcher(SCRIPT, env=env), "no-such-host.invalid", "does not resolve")
+    assert_launcher_error(run_launcher(SCRIPT, env=env), "no-such-host.invalid", "does not resolve")
     assert time.monotonic() - start < 20
 
 

@@ -65,20 +65,6 @@ def resnet18_cifar(dropout=True, num_classes=10):
     return model
 
 
-def resnet18(dropout=True, num_classes=10):
-    """torchvision's ResNet-18 with ``num_classes`` outputs (it has no dropout to turn off)."""
-    return torchvision_resnet18(num_classes=num_classes)
-
-
-def resnet18_cifar(dropout=True, num_classes=10):
-    """ResNet-18 with the CIFAR stem: a 3x3 convolution, stride 1, and no max-pool."""
-    model = torchvision_resnet18(num_classes=num_classes)
-    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision inits its convs
-    model.maxpool = nn.Identity()
-    return model
-
-
 MODELS = {"net-bn": NetBN, "resnet18": resnet18, "resnet18-cifar": resnet18_cifar}  # lesson/models.py adds the Net
 # The images each model takes, (channels, height, width); None: any size.
 INPUTS = {"net": (1, 28, 28), "net-bn": (1, 28, 28), "resnet18": (3, None, None), "resnet18-cifar": (3, None, None)}
