@@ -55,10 +55,10 @@ def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_pat
     empty = tmp_path / "empty"
     empty.mkdir()
     nodes = [node(0, REPO / "data"), node(1, empty)]
-    results = [process.communicate(timeout=180) for process in nodes]
+    results = [agent.communicate(timeout=180) for agent in nodes]
     messages = []
-    for process, (stdout, stderr) in zip(nodes, results):
-        assert process.returncode != 0
+    for agent, (stdout, stderr) in zip(nodes, results):
+        assert agent.returncode != 0
         assert "epoch 1/" not in stdout  # nobody started training
         lines = [line for line in stderr.splitlines() if line.startswith("error:")]
         assert lines, stderr[-3000:]

@@ -39,8 +39,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import step2b_own_ddp as own_ddp
 from demos import runner
 from demos.runner import say
-from lesson import models, process
-from machinery import cli, more_models, sync_batchnorm
+from lesson import models
+from machinery import agreement, cli, more_models, sync_batchnorm
 from machinery.errors import CourseError, first_line
 from step2_allreduce import average_gradients_bucket
 
@@ -227,7 +227,7 @@ def demo_syncbn(runtime, args):
         statistics = batch_statistics(model)
         difference = max((statistics[layer] - expected[layer]).abs().max().item() for layer in expected)
         logits_difference = (logits - reference_logits).abs().max().item()
-        everyone = process.gather_from_all_ranks([difference, logits_difference])
+        everyone = agreement.gather_from_all_ranks([difference, logits_difference])
         observed[name] = {"statistics_difference": max(d for d, _ in everyone),
                           "logits_difference": max(d for _, d in everyone)}
         say(runtime, f"{name:<14} largest difference from one process on the global batch: "
@@ -268,7 +268,7 @@ def train_uneven(runtime, args, join):
 
 def demo_join(runtime, args):
     model, mine = train_uneven(runtime, args, join=True)
-    counts = process.gather_from_all_ranks(mine)
+    counts = agreement.gather_from_all_ranks(mine)
     spread = runner.largest_difference_from_rank0(model.parameters())
     say(runtime, f"batches per rank: {counts}; under Join every rank finished; largest weight difference between "
                  f"ranks: {spread:.1e}")
@@ -329,7 +329,7 @@ def demo_zero(runtime, args):
             "difference": largest_difference(plain.module, zero_model.module),
             "parameters": [name for name, p in zero_model.module.named_parameters()
                            if any(p is q for group in zero.optim.param_groups for q in group["params"])]}
-    everyone = process.gather_from_all_ranks(mine)
+    everyone = agreement.gather_from_all_ranks(mine)
     for rank, seen in enumerate(everyone):
         say(runtime, f"rank {rank}: Adam state {seen['adam'] / 2**20:.2f} MiB; ZeRO-1 {seen['zero'] / 2**20:.2f} MiB "
                      f"(the state of {', '.join(seen['parameters'])})")
@@ -359,7 +359,7 @@ def demo_fsdp(runtime, args):
     mine = {"parameter_bytes": held, "whole_parameter_bytes": sum(p.numel() * p.element_size() for p in whole),
             "adam_state_bytes": state_bytes(sharded_adam), "ddp_adam_state_bytes": state_bytes(adam),
             "difference": difference}
-    everyone = process.gather_from_all_ranks(mine)
+    everyone = agreement.gather_from_all_ranks(mine)
     for rank, seen in enumerate(everyone):
         say(runtime, f"rank {rank}: parameters {seen['parameter_bytes'] / 2**20:.2f} of "
                      f"{seen['whole_parameter_bytes'] / 2**20:.2f} MiB; Adam state {seen['adam_state_bytes'] / 2**20:.2f} "

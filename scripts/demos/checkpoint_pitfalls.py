@@ -22,8 +22,7 @@ import torch
 
 from demos import runner
 from demos.runner import say
-from lesson import process
-from machinery import checkpoints, cli
+from machinery import agreement, checkpoints, cli
 
 SLOW_WRITE_SECONDS = 1.0  # a large checkpoint on a network file system takes this long, and more
 
@@ -41,7 +40,7 @@ def my_random_state(runtime, args):
 
 def demo_every_rank_saves(runtime, args):
     mine = my_random_state(runtime, args)
-    everyone = process.gather_from_all_ranks(mine)
+    everyone = agreement.gather_from_all_ranks(mine)
     # The mistake: no `if rank == 0`. The ranks take turns here, so that no two writes overlap
     # (overlapping writes to one file can also leave it torn); the last writer still wins.
     wrong = args.folder / "every-rank.pt"
@@ -86,7 +85,7 @@ def demo_no_barrier(runtime, args):
     # The mistake: rank 1 reads as soon as it gets here.
     if runtime.is_main:
         rank0_writes_step_2()
-    without = process.gather_from_all_ranks(read())
+    without = agreement.gather_from_all_ranks(read())
     # The fix: everyone waits at a barrier until rank 0 has written; then read.
     if runtime.is_main:
         checkpoints.write_atomically({"step": torch.tensor(1)}, path)
@@ -94,7 +93,7 @@ def demo_no_barrier(runtime, args):
     if runtime.is_main:
         rank0_writes_step_2()
     runner.barrier(runtime)
-    with_barrier = process.gather_from_all_ranks(read())
+    with_barrier = agreement.gather_from_all_ranks(read())
     say(runtime,
         f"rank 0 writes step 2's checkpoint ({SLOW_WRITE_SECONDS:.0f} s); the ranks read it:",
         f"  without a barrier: {steps_read(without)}",

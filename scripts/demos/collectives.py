@@ -46,7 +46,7 @@ from torch import nn
 
 from demos import runner
 from lesson import models, process
-from machinery import cli
+from machinery import agreement, cli
 from step2_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
 
@@ -155,7 +155,7 @@ def time_averaging(device, repeats):
             for _ in range(repeats):
                 average(model)
             synchronize(device)
-            row[mode] = max(process.gather_from_all_ranks((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
+            row[mode] = max(agreement.gather_from_all_ranks((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
         timings[name] = row
     return timings
 
@@ -230,8 +230,8 @@ def main(argv=None):
 
     identity = {"local_rank": local_rank, "world_size": dist.get_world_size(),
                 "local_world_size": local_world_size, "device": str(device), "backend": dist.get_backend()}
-    identities = process.gather_from_all_ranks(identity)
-    results = {name: process.gather_from_all_ranks(demo(rank, device)) for name, demo, _ in DEMOS}
+    identities = agreement.gather_from_all_ranks(identity)
+    results = {name: agreement.gather_from_all_ranks(demo(rank, device)) for name, demo, _ in DEMOS}
 
     if rank == 0:
         print(report(identities, results), flush=True)

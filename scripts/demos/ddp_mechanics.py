@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from demos import runner
 from demos.runner import say
-from lesson import models, process
-from machinery import cli
+from lesson import models
+from machinery import agreement, cli
 
 
 def add_arguments(parser):
@@ -49,7 +49,7 @@ def demo_devices(runtime, args):
     mine = {"rank": runtime.rank, "local_rank": runtime.local_rank, "device": str(runtime.device)}
     if runtime.device.type == "cuda":
         mine["current_cuda_device"] = torch.cuda.current_device()
-    everyone = process.gather_from_all_ranks(mine)
+    everyone = agreement.gather_from_all_ranks(mine)
     say(runtime, *(f"rank {r['rank']}: local rank {r['local_rank']}, device {r['device']}"
                    + (f", torch.cuda.current_device() = {r['current_cuda_device']}" if "current_cuda_device" in r else "")
                    for r in everyone))
@@ -156,7 +156,7 @@ def demo_buffers(runtime, args):
         if sync:
             input_means, output_means = batch_stats[0]
             input_gap = runner.largest_difference_from_rank0([input_means])
-            output_mean = max(process.gather_from_all_ranks(output_means.abs().max().item()))
+            output_mean = max(agreement.gather_from_all_ranks(output_means.abs().max().item()))
             observed["training"] = {"input_mean_gap": input_gap, "largest_output_mean": output_mean}
             lines += [f"training step 1: the per-feature means of BatchNorm's input differ between the ranks "
                       f"by up to {input_gap:.2f},",

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from machinery import launch_checks
+from machinery.agreement import gather_from_all_ranks
 from machinery.errors import CourseError, first_line
 
 
@@ -121,12 +122,3 @@ def preflight(runtime):
         raise CourseError(f"pre-flight all_reduce summed to {int(ones.item())}, expected {runtime.world_size}")
     if runtime.is_main:
         print(f"pre-flight all_reduce ok: {launch_checks.describe_world(hosts)}", flush=True)
-
-
-def gather_from_all_ranks(value):
-    """Every rank's ``value`` (any picklable object), as a list indexed by rank, on every rank."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values

@@ -1,14 +1,23 @@
 """Checks every rank passes or fails together. Machinery: a learner may skip this module.
 
-A check that can fail on one rank only (data missing on one node, say) is agreed by every rank, so that
+``gather_from_all_ranks`` hands every rank what each rank holds. A check that can fail on one rank only (data missing on one node, say) is agreed by every rank, so that
 all of them stop with the same message instead of the healthy ones waiting for the whole ``--timeout``.
 """
 import socket
 from contextlib import contextmanager
 
-from lesson.process import gather_from_all_ranks
+import torch.distributed as dist
 
 from .errors import CourseError
+
+
+def gather_from_all_ranks(value):
+    """Every rank's ``value`` (any picklable object), as a list indexed by rank, on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 @contextmanager

@@ -18,10 +18,9 @@ import torch
 
 from lesson.loop import Callback
 from lesson.models import unwrap
-from lesson.process import gather_from_all_ranks
 
 from . import checkpoints, cli, launch_checks, output_paths
-from .agreement import agree, fail_together
+from .agreement import agree, fail_together, gather_from_all_ranks
 from .errors import CourseError
 from .output_paths import display_path
 
