@@ -89,7 +89,7 @@ def exercise(notebook, number, answers):
 def check_where(where, crash_with_global_rank, nodes=3, gpus_per_node=4):
     world = nodes * gpus_per_node
     for rank in range(world):
-        node, local_rank = divmod(rank, gpus_per_node)  # torchrun fills node 0, then node 1, ...
+        node, local_rank = divmod(rank, gpus_per_node)  # torchrun fills group rank 0's node, then 1's, ...
         got = where(rank, gpus_per_node)
         assert tuple(got) == (node, local_rank, f"cuda:{local_rank}"), (
             f"where({rank}, {gpus_per_node}) returned {got!r}: check the node, the local rank and the device")
@@ -402,7 +402,7 @@ def _replica_gpus(rank, gpus_per_node, processes_per_node, nodes):
     from lesson.model_parallel import replica_devices
     from lesson.process import Runtime
 
-    node, local_rank = divmod(rank, processes_per_node)  # torchrun numbers node 0's processes first
+    node, local_rank = divmod(rank, processes_per_node)  # the node of group rank 0 holds the first ranks
     runtime = Runtime(rank=rank, local_rank=local_rank, world_size=nodes * processes_per_node, local_world_size=processes_per_node,
                       device=torch.device("cuda", local_rank), backend="nccl", threads=1,
                       timeout=datetime.timedelta(minutes=5))
