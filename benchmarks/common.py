@@ -1,7 +1,7 @@
 """What every benchmark shares: paths, the hardware a record was measured on, and where records go.
 
 Records are JSON files, one per benchmark run. By default they go to ``results/benchmarks/``
-(git-ignored); the ones the README quotes are kept in ``benchmarks/results/`` (pass
+(git-ignored); the ones docs/performance.md quotes are kept in ``benchmarks/results/`` (pass
 ``--records benchmarks/results``, or ``make benchmark RECORDS=benchmarks/results``).
 """
 import json

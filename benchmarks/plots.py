@@ -4,7 +4,7 @@
     python benchmarks/plots.py --records results/benchmarks     # fresh records, figures beside them
 
 Each figure is drawn from the newest record of its kind in --records. From the committed
-records the figures go to figs/ (the ones the README shows; notebook 08 draws the same figures
+records the figures go to figs/ (the ones docs/performance.md shows; notebook 08 draws the same figures
 from the same records, so `make figures` gives the same files); from any other folder, into
 <records>/figs, so that a local measurement never overwrites the committed figures.
 """

@@ -1,16 +1,16 @@
-"""Tables and targets from benchmark records: what `make benchmark` prints and the README quotes.
+"""Tables and targets from benchmark records: what `make benchmark` prints and docs/performance.md quotes.
 
     python benchmarks/report.py benchmarks/results/harness-20260101-120000.json   # print its tables
-    python benchmarks/report.py --update-readme                                    # refresh the README
+    python benchmarks/report.py --update-page                                      # refresh docs/performance.md
 
-The README holds blocks of the form
+docs/performance.md holds blocks of the form
 
     <!-- record: benchmarks/results/NAME.json -->
     ...tables rendered from that record...
     <!-- /record -->
 
 and a test checks that each block is exactly what ``render`` makes of its committed record, so
-the README can quote only numbers that are in the repository.
+the page can quote only numbers that are in the repository.
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- record: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /record -->)", re.S)
 
 # The targets, each a ratio measured side by side in one harness run.
@@ -262,6 +262,11 @@ def render_allreduce(record):
     return "\n".join(lines)
 
 
+# What the tables call each recipe of benchmarks/time_to_accuracy.py (older records name the first "seed-recipe").
+RECIPE_NAMES = {"seed-recipe": "the pytorch/examples MNIST recipe", "pytorch-examples": "the pytorch/examples MNIST recipe",
+                "course-recipe": "the course's default", "course": "the course's default"}
+
+
 def render_time_to_accuracy(record):
     lines = [f"{machine_line(record)}; {record['threads']} threads; median of {record['repeats']} seeds; "
              f"load average {record['load_average'][0]:.2f} before, {record['load_average'][1]:.2f} after.\n",
@@ -269,7 +274,7 @@ def render_time_to_accuracy(record):
     for name, summary in record["summary"].items():
         loader, optimizer, lr, batch = record["recipes"][name]
         path = {"dataloader": "DataLoader, per-sample transforms", "tensor": "whole set in memory"}[loader]
-        lines.append(f"| {name} | {path} | {optimizer} lr {lr:g}, batch {batch} "
+        lines.append(f"| {RECIPE_NAMES.get(name, name)} | {path} | {optimizer} lr {lr:g}, batch {batch} "
                      f"| {seconds(summary['median_seconds'])} | {summary['median_steps']:.0f} |")
     return "\n".join(lines)
 
@@ -302,27 +307,27 @@ def render(record):
     return RENDERERS[record["benchmark"]](record)
 
 
-def readme_blocks(text):
-    """(record path, the README's body, the body its record renders to) for each block."""
+def page_blocks(text):
+    """(record path, the page's body, the body its record renders to) for each block of ``text``."""
     for match in BLOCK.finditer(text):
         record = json.loads((REPO / match["path"]).read_text())
         yield match["path"], match["body"], render(record) + "\n"
 
 
-def update_readme():
-    text = README.read_text()
+def update_page(page=PAGE):
+    text = page.read_text()
     text = BLOCK.sub(lambda m: m[1] + render(json.loads((REPO / m["path"]).read_text())) + "\n" + m[4], text)
-    README.write_text(text)
-    print("README.md: every record block rendered again from its record")
+    page.write_text(text)
+    print(f"{page.relative_to(REPO)}: every record block rendered again from its record")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", nargs="*", type=Path, help="records to print as tables")
-    parser.add_argument("--update-readme", action="store_true", help="render README.md's record blocks again")
+    parser.add_argument("--update-page", action="store_true", help="render docs/performance.md's record blocks again")
     args = parser.parse_args()
-    if args.update_readme:
-        update_readme()
+    if args.update_page:
+        update_page()
     for path in args.records:
         print(render(json.loads(path.read_text())) + "\n")
 

@@ -3,10 +3,10 @@
     python benchmarks/time_to_accuracy.py --target 0.95 --repeats 3
 
 Compares, on the same machine in the same run and with the same model (the Net):
-  seed-recipe    the pytorch/examples MNIST recipe the course starts from: a DataLoader
-                 with per-sample transforms, Adadelta lr 1.0, StepLR gamma 0.7, batch 64
-  course-recipe  the course default: whole data set in memory (TensorBatches), Adam,
-                 the same StepLR decay, batch 64
+  pytorch-examples  the pytorch/examples MNIST recipe (github.com/pytorch/examples, mnist/main.py):
+                    a DataLoader with per-sample transforms, Adadelta lr 1.0, StepLR gamma 0.7, batch 64
+  course            the course default: whole data set in memory (TensorBatches), Adam,
+                    the same StepLR decay, batch 64
 and any recipe given with --recipe NAME:LOADER:OPTIMIZER:LR:BATCH.
 The clock runs only during training steps: the test set is scored every
 --eval-every steps with the clock stopped. Repeat k uses seed --seed + k (95% sits
@@ -29,8 +29,8 @@ from lesson import data, loop, models, process  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 RECIPES = {
-    "seed-recipe": ("dataloader", "adadelta", 1.0, 64),
-    "course-recipe": ("tensor", "adam", 2e-3, 64),
+    "pytorch-examples": ("dataloader", "adadelta", 1.0, 64),
+    "course": ("tensor", "adam", 2e-3, 64),
 }
 
 

@@ -1,4 +1,5 @@
-"""Fine-tuning a pretrained ResNet-18 with DDP, on an ImageFolder such as the ants and bees.
+"""Fine-tuning a pretrained ResNet-18 with DDP, on an ImageFolder such as the ants and bees of
+the PyTorch transfer-learning tutorial.
 
     python scripts/tools/download_data.py hymenoptera resnet18-weights      # once, on a machine with internet
     torchrun --nproc-per-node=2 scripts/step6_finetune.py --pretrained --finetune head
@@ -8,7 +9,8 @@ starts from pretrained weights (--pretrained: torchvision's ImageNet weights; --
 FILE: any ResNet-18 state_dict, such as another run's --save), its output layer starts
 fresh with one output per class folder, and --finetune chooses what trains: the head
 alone, with the rest frozen, or every layer. A frozen parameter has no gradient, so DDP
-has nothing of it to all-reduce: only the head's gradients cross the network.
+has nothing of it to all-reduce: only the head's gradients are all-reduced (DDP still
+broadcasts the model's buffers, BatchNorm's running statistics, before every forward).
 
 It is a script of its own, not options of the four step scripts, so that each of those
 stays a small diff of the one before, and this one shows as a diff what fine-tuning

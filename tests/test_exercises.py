@@ -146,7 +146,8 @@ def wrong_answers(exercise_id, extra):
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "06.1": {"head_bytes": 4 * (10 * 512 + 10),  # right, but layer4 counted from its state_dict
                  "layer4_and_head_bytes": 4 * (10 * 512 + 10) + sum(
-                     value.numel() * value.element_size() for value in more_models.resnet18().layer4.state_dict().values())},
+                     value.numel() * value.element_size() for value in more_models.resnet18().layer4.state_dict().values()),
+                 "buffer_bytes": 0},  # and DDP taken to send gradients only
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},

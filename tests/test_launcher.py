@@ -292,6 +292,8 @@ def test_dry_run_says_what_it_derived_and_prints_a_command_that_runs(tmp_path):
     assert re.fullmatch(r"  this node +1 of 2 +PBS_NODENUM=1 \(this host, .*, is not named in PBS_NODEFILE\)", lines[2])
     assert re.fullmatch(r"  processes +2 per node +no GPU \(CUDA_VISIBLE_DEVICES=\(empty\), so CPUs: NCPUS=2, at most 4\)", lines[3])
     assert re.fullmatch(r"  restarts +up to 5 +torchrun --max-restarts; a restart continues from the last checkpoint; no --resume: a rerun job starts over", lines[5])
+    # The node's place in the list is not its rank: torchrun's c10d rendezvous orders the nodes by host name.
+    assert re.fullmatch(r"  ranks +set by torchrun +c10d orders the nodes by host name; the pre-flight line shows each host's ranks", lines[6])
     # The command, over lines joined by backslash-newline as a shell joins them.
     command = shlex.split(result.stdout[result.stdout.index(sys.executable):].replace("\\\n", ""))
     assert command[:5] == [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2"]

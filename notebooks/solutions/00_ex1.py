@@ -1,5 +1,5 @@
 # Solution to notebook 00, exercise 1: where does rank 6 run?
-# torchrun numbers the processes node by node: node n holds ranks n*P ... n*P+P-1,
+# torchrun numbers the processes node by node: the node with group rank n holds ranks n*P ... n*P+P-1,
 # with local ranks 0 ... P-1 (P processes per node), and the GPU is cuda:LOCAL_RANK.
 
 

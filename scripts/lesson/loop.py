@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import optim
-from torch.optim.lr_scheduler import StepLR
 
-from machinery import checkpoints
+from machinery import checkpoints, learning_rate
 from machinery.datasets import as_tensors
 from machinery.output_paths import display_path
 from machinery.precision import Precision
@@ -29,8 +28,10 @@ DEFAULT_LR = {"adadelta": 1.0, "adam": 2e-3, "sgd": 0.05}
 def make_optimizer(model, args, batches=None):
     """The optimizer and its learning-rate schedule, which the Trainer steps after every optimizer step:
     the pytorch/examples recipe's decay by --gamma once an epoch, counted in steps (without ``batches``:
-    once per ``scheduler.step()``). A schedule that changes every step goes here, not into the loop."""
-    lr = args.lr or DEFAULT_LR[args.optimizer]
+    once per ``scheduler.step()``). A schedule that changes every step goes here, not into the loop.
+    --lr-scaling linear multiplies the rate by the global batch / --batch-size, after --warmup-steps."""
+    factor = learning_rate.scaling_factor(args, batches)  # 1 unless --lr-scaling linear (machinery)
+    lr = (args.lr or DEFAULT_LR[args.optimizer]) * factor
     if args.optimizer == "adadelta":
         optimizer = optim.Adadelta(model.parameters(), lr=lr)
     elif args.optimizer == "adam":
@@ -38,7 +39,7 @@ def make_optimizer(model, args, batches=None):
     else:
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     steps = 1 if batches is None else steps_per_epoch(batches, args)
-    return optimizer, StepLR(optimizer, step_size=steps, gamma=args.gamma)
+    return optimizer, learning_rate.schedule(optimizer, steps, args, factor)  # StepLR, after any warm-up
 
 
 def steps_per_epoch(batches, args):

@@ -60,6 +60,13 @@ def build_parser(description):
     train.add_argument("--optimizer", choices=["adadelta", "adam", "sgd"], default="adam")
     train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1.0 for adadelta, 2e-3 for adam, 0.05 for sgd)")
     train.add_argument("--gamma", type=positive_float, default=0.7, help="learning-rate decay per epoch (StepLR)")
+    train.add_argument("--lr-scaling", choices=["none", "linear"], default="none",
+                       help="linear: multiply --lr by the global batch / --batch-size, the linear scaling rule of "
+                            "Goyal et al. 2017 (arXiv:1706.02677), so every world size gets its rate from one command "
+                            "line; none (default): --lr as given")
+    train.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                       help="with --lr-scaling linear: start at the unscaled rate and rise linearly to the scaled one "
+                            "over the first N optimizer steps (default 0: no warm-up)")
     train.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after this many steps (for short runs)")
     train.add_argument("--seed", type=int, default=0)
 
@@ -118,6 +125,11 @@ def parse_args(argv=None, description=None, add_arguments=None):
         parser.error("--workers must be 0 or more")
     if args.fault_rank < 0:
         parser.error("--fault-rank must be 0 or more")
+    if args.warmup_steps < 0:
+        parser.error("--warmup-steps must be 0 or more")
+    if args.warmup_steps and args.lr_scaling == "none":
+        parser.error("--warmup-steps ramps the learning rate up to the rate --lr-scaling gives: add --lr-scaling "
+                     "linear, or drop --warmup-steps")
     return args
 
 

@@ -89,7 +89,7 @@ def exercise(notebook, number, answers):
 def check_where(where, crash_with_global_rank, nodes=3, gpus_per_node=4):
     world = nodes * gpus_per_node
     for rank in range(world):
-        node, local_rank = divmod(rank, gpus_per_node)  # torchrun fills node 0, then node 1, ...
+        node, local_rank = divmod(rank, gpus_per_node)  # torchrun fills group rank 0's node, then 1's, ...
         got = where(rank, gpus_per_node)
         assert tuple(got) == (node, local_rank, f"cuda:{local_rank}"), (
             f"where({rank}, {gpus_per_node}) returned {got!r}: check the node, the local rank and the device")
@@ -319,9 +319,13 @@ def check_resume_step(resume_step, observed=None):
 
 # --- 06_real_models ------------------------------------------------------------------------
 
-def _bytes_ddp_allreduces(model):
-    """Bytes of gradient DDP hands to all_reduce in one backward pass of ``model``, counted
-    by a communication hook, in a world of one process made for the count if there is none."""
+def ddp_bytes_per_step(model):
+    """What DDP hands to its collectives in one training step of ``model`` (CIFAR-shaped inputs), in a world of
+    one process made for the count if there is none, in bytes: the gradients it all-reduces, counted by a
+    communication hook, and the buffers it broadcasts from rank 0 before each training forward, counted where
+    DDP makes that call (``_pre_forward`` -> ``_sync_buffers`` -> ``_distributed_broadcast_coalesced`` in
+    torch/nn/parallel/distributed.py), which no communication hook sees. Which tensors these are depends on the
+    model and its requires_grad flags, not on how many processes there are."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -331,16 +335,23 @@ def _bytes_ddp_allreduces(model):
     if own_group:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        sent = []
+        sent = {"gradients all-reduced": 0, "buffers broadcast": 0}
 
         def count_then_allreduce(state, bucket):
-            sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
+            sent["gradients all-reduced"] += bucket.buffer().numel() * bucket.buffer().element_size()
             return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
-        wrapped = DDP(model)
+        wrapped = DDP(model)  # its constructor broadcasts every parameter and buffer once: not a step's traffic
         wrapped.register_comm_hook(None, count_then_allreduce)
+        broadcast = wrapped._distributed_broadcast_coalesced
+
+        def count_then_broadcast(tensors, *args):
+            sent["buffers broadcast"] += sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+            return broadcast(tensors, *args)
+
+        wrapped._distributed_broadcast_coalesced = count_then_broadcast
         wrapped(torch.randn(2, 3, 32, 32)).sum().backward()
-        return sum(sent)
+        return sent
     finally:
         if own_group:
             dist.destroy_process_group()
@@ -356,21 +367,27 @@ def _cifar_resnet_training(*prefixes):
     return model
 
 
-@exercise("06_real_models", 1, answers=("head_bytes", "layer4_and_head_bytes"))
-def check_finetune_bytes(head_bytes, layer4_and_head_bytes):
-    head = _bytes_ddp_allreduces(_cifar_resnet_training("fc."))
-    assert head_bytes == head, (
+@exercise("06_real_models", 1, answers=("head_bytes", "layer4_and_head_bytes", "buffer_bytes"))
+def check_finetune_bytes(head_bytes, layer4_and_head_bytes, buffer_bytes):
+    head = ddp_bytes_per_step(_cifar_resnet_training("fc."))
+    assert head_bytes == head["gradients all-reduced"], (
         f"head_bytes = {head_bytes:,}: the head of a 10-class ResNet-18 has a weight and a bias; how many values, "
         "and how many bytes each?")
-    both = _bytes_ddp_allreduces(_cifar_resnet_training("fc.", "layer4."))
-    assert layer4_and_head_bytes == both, (
+    both = ddp_bytes_per_step(_cifar_resnet_training("fc.", "layer4."))
+    assert layer4_and_head_bytes == both["gradients all-reduced"], (
         f"layer4_and_head_bytes = {layer4_and_head_bytes:,} is not what DDP all-reduced: DDP reduces the gradients "
         "of the parameters that train; does everything in layer4's state_dict have a gradient?")
-    everything = _bytes_ddp_allreduces(_cifar_resnet_training(""))
-    return (f"DDP all-reduced {head:,} bytes with the head alone, {both:,} with layer4 too, {everything:,} with "
-            f"every layer: layer4 holds {(both - head) / everything:.0%} of ResNet-18's parameters. BatchNorm's "
-            "running statistics are buffers, not parameters: they have no gradient, and DDP sends them another "
-            "way, broadcasting rank 0's at each forward (broadcast_buffers=True).")
+    assert buffer_bytes == head["buffers broadcast"], (
+        f"buffer_bytes = {buffer_bytes:,} is not what DDP broadcast: it copies every buffer of the model from rank 0 "
+        "before each training forward, whatever trains; which buffers does a BatchNorm layer hold, and of which dtype?")
+    everything = ddp_bytes_per_step(_cifar_resnet_training(""))
+    total = {name: sum(sent.values()) for name, sent in (("head", head), ("all", everything))}
+    return (f"Per training step DDP all-reduced {head['gradients all-reduced']:,} bytes of gradients with the head "
+            f"alone, {both['gradients all-reduced']:,} with layer4 too, {everything['gradients all-reduced']:,} with "
+            f"every layer, and broadcast the same {buffer_bytes:,} bytes of BatchNorm buffers each time. With the "
+            f"head alone that is {total['head']:,} bytes a step: {total['all'] / total['head']:,.0f} times fewer "
+            f"than training every layer, not the {everything['gradients all-reduced'] / head['gradients all-reduced']:,.0f} "
+            "times the gradients alone suggest.")
 
 
 # (nodes, GPUs per node, processes per node): jobs of the model-parallel script
@@ -385,7 +402,7 @@ def _replica_gpus(rank, gpus_per_node, processes_per_node, nodes):
     from lesson.model_parallel import replica_devices
     from lesson.process import Runtime
 
-    node, local_rank = divmod(rank, processes_per_node)  # torchrun numbers node 0's processes first
+    node, local_rank = divmod(rank, processes_per_node)  # the node of group rank 0 holds the first ranks
     runtime = Runtime(rank=rank, local_rank=local_rank, world_size=nodes * processes_per_node, local_world_size=processes_per_node,
                       device=torch.device("cuda", local_rank), backend="nccl", threads=1,
                       timeout=datetime.timedelta(minutes=5))

@@ -10,9 +10,12 @@ needs from what the scheduler granted the job:
 
   hosts           PBS: the lines of PBS_NODEFILE, duplicates dropped, order kept.
                   Slurm: SLURM_STEP_NODELIST or SLURM_JOB_NODELIST. None: this machine.
-  node rank       this host's place in that list (Slurm: SLURM_NODEID). Under pbsdsh,
+  this node       this host's place in that list (Slurm: SLURM_NODEID). Under pbsdsh,
                   PBS_NODENUM must agree, and a host listed twice is an error: pbsdsh
-                  would start two launchers there.
+                  would start two launchers there. It decides one thing: node 0 serves
+                  the rendezvous store. It is not torchrun's node rank: the c10d
+                  rendezvous numbers the nodes itself (GROUP_RANK), in the sorted order
+                  of their host names, and MASTER_ADDR is the host of group rank 0.
   nproc-per-node  --nproc-per-node, else one process per GPU GRANTED on this node:
                   SLURM_GPUS_ON_NODE; CUDA_VISIBLE_DEVICES (set where the site isolates
                   GPUs); NGPUS (set by some PBS sites); the job's ngpus on this host (PBS:
@@ -34,8 +37,9 @@ derived, and from where, and the command, without running it.
 
 The training scripts check the world before training: right after
 init_process_group, one all_reduce across every rank, and rank 0 prints
-"pre-flight all_reduce ok: 4 rank(s) on 2 node(s): ...". A wrong node list or a
-blocked network fails there, in seconds, with a one-line error.
+"pre-flight all_reduce ok: 4 rank(s) on 2 node(s): ...", each host with its ranks: the
+placement torchrun chose. A wrong node list or a blocked network fails there, in seconds,
+with a one-line error.
 """
 import argparse
 import json
@@ -422,7 +426,8 @@ def torchrun_options(plan, join_timeout=DEFAULT_JOIN_TIMEOUT):
         return [["--standalone", *world], [f"--max-restarts={plan.max_restarts}"]]
     # is_host: the first host of the list runs the rendezvous store. Said explicitly,
     # because torch's own guess compares host names and IPs and can miss (an alias,
-    # a second network interface), and then no node, or two, would host it.
+    # a second network interface), and then no node, or two, would host it. No
+    # --node-rank: c10d ignores it and ranks the nodes by their sorted host names.
     is_host = 1 if plan.node_rank == 0 else 0
     rendezvous = [
         "--rdzv-backend=c10d",
@@ -463,6 +468,8 @@ def describe(plan, script_args=()):
         ("restarts", f"up to {plan.max_restarts}", "torchrun --max-restarts; " + (
             "a restart and a rerun job continue from the last checkpoint" if "--resume" in script_args
             else "a restart continues from the last checkpoint; no --resume: a rerun job starts over")),
+        *([("ranks", "set by torchrun", "c10d orders the nodes by host name; the pre-flight line shows each host's ranks")]
+          if plan.port is not None else []),
     ]
     width = max(len(value) for _, value, _ in rows)
     lines = [f"launch.py: {where}"]
