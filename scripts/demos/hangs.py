@@ -17,8 +17,10 @@ breaks that rule once, in 2 or 3 CPU processes with gloo:
                      longer than --timeout (a sleep stands in for it)
   skip-then-barrier  the same all_reduce, but the other ranks go straight on to their next collective, a
                      barrier: every rank waits, each in another collective (the case for py-spy)
-  uneven             rank 0 has one batch more than the others: it waits in that batch's all_reduce while the
-                     others evaluate (for longer than --timeout); the course's straggler watch says who is behind
+  uneven             --short-rank has one batch fewer than the others: it evaluates (for longer than --timeout)
+                     while they wait in the all_reduce of a batch it never had; the course's straggler watch
+                     says which rank is behind
+  uneven-then-barrier  the same, but the short rank goes straight on to the end-of-epoch barrier
 
 With TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch checks every collective before it runs: a mismatch raises on
 every rank at once, before any byte moves, and the process group stays usable, so one run shows several
@@ -43,13 +45,12 @@ from lesson import process
 from machinery import cli, stragglers
 from machinery.errors import first_line
 
-BATCHES = {0: 3}  # uneven: batches per rank (rank 0 has one more); every other rank has 2
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     runner.add_demo_arguments(parser, DEMOS, default=["skip"])
     parser.add_argument("--timeout", type=cli.positive_int, default=3, help="seconds a collective may wait")
+    parser.add_argument("--short-rank", type=int, default=1, help="uneven: the rank with one batch fewer (default 1)")
     parser.set_defaults(device="cpu", backend="gloo", threads=1, seed=0)
     return parser.parse_args(argv)
 
@@ -143,20 +144,37 @@ def demo_uneven(runtime, args):
     """Each rank trains on its own number of batches, one all_reduce of the gradients per batch, then
     evaluates. The straggler watch posts each rank's position, as it does in the training scripts."""
     watch = stragglers.StragglerWatch(runtime)
-    gradients = torch.ones(4)
-    batches = BATCHES.get(runtime.rank, 2)
-    for step in range(batches):
-        watch.post(step, "training")
-        dist.all_reduce(gradients)  # the gradient average of this batch
-        watch.post(step + 1, "between steps")
+    batches = train_on_my_batches(runtime, args, watch)
     watch.post(batches, "ending the epoch", now=True)
     busy(10 * args.timeout)  # the evaluation
     watch.close()
     return {"batches": batches}
 
 
+def demo_uneven_then_barrier(runtime, args):
+    """The same epoch, but a rank that has trained on its batches waits for the others at the epoch's end."""
+    allow_py_spy()
+    batches = train_on_my_batches(runtime, args)
+    print(f"rank {runtime.rank}: {batches} batches trained", flush=True)
+    dist.barrier()  # the end of the epoch: every rank waits here for the others
+    return {"batches": batches}
+
+
+def train_on_my_batches(runtime, args, watch=None):
+    """--short-rank has one batch fewer than the others (3): its shard ran out first."""
+    gradients = torch.ones(4)
+    batches = 2 if runtime.rank == args.short_rank else 3
+    for step in range(batches):
+        if watch:
+            watch.post(step, "training")
+        dist.all_reduce(gradients)  # the gradient average of this batch
+        if watch:
+            watch.post(step + 1, "between steps")
+    return batches
+
+
 DEMOS = {"shapes": demo_shapes, "ops": demo_ops, "skip": demo_skip, "skip-then-barrier": demo_skip_then_barrier,
-         "uneven": demo_uneven}
+         "uneven": demo_uneven, "uneven-then-barrier": demo_uneven_then_barrier}
 
 
 def main(argv=None):

@@ -108,17 +108,24 @@ def waits_in_a_collective(frames):
     return waiting_collective(frames) is not None
 
 
-def dump_every_rank(agent_pid):
-    """{rank: main-thread frames} of every worker of a torchrun agent, dumped one after the other."""
-    return {rank: main_thread(dump(pid)) for rank, pid in sorted(workers(agent_pid).items())}
+def dump_every_rank(agent_pid, texts=None):
+    """{rank: main-thread frames} of every worker of a torchrun agent, dumped one after the other; each
+    dump's whole text also goes into ``texts`` (a dict), if one is given."""
+    stacks = {}
+    for rank, pid in sorted(workers(agent_pid).items()):
+        text = dump(pid)
+        stacks[rank] = main_thread(text)
+        if texts is not None:
+            texts[rank] = text
+    return stacks
 
 
-def dump_hung_job(script, *args, nproc=2, ready=waits_in_a_collective, deadline=120, env=None):
+def dump_hung_job(script, *args, nproc=2, ready=waits_in_a_collective, deadline=120, env=None, keep_text=None):
     """Start ``scripts/<script>`` under torchrun, dump every rank once each one is ``ready`` (by default:
     waiting in a collective), then wait for the job to end by itself.
 
     Returns (stacks, output, status): {rank: frames} as last dumped, what the job printed (stdout and stderr
-    together), its exit status. If the ranks are not all ready within ``deadline`` seconds, the last dumps are
+    together), its exit status; ``keep_text`` (a dict), if given, receives the last dumps' whole text. If the ranks are not all ready within ``deadline`` seconds, the last dumps are
     returned as they are. The job is never killed from here: it must end by itself (its --timeout).
     """
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -128,7 +135,7 @@ def dump_hung_job(script, *args, nproc=2, ready=waits_in_a_collective, deadline=
                                text=True)
         stacks, give_up = {}, time.monotonic() + deadline
         while job.poll() is None and time.monotonic() < give_up:
-            stacks = dump_every_rank(job.pid)
+            stacks = dump_every_rank(job.pid, keep_text)
             if len(stacks) == nproc and all(ready(frames) for frames in stacks.values()):
                 break
             time.sleep(0.5)
