@@ -229,10 +229,10 @@ def missing_gpus(reports):
         seen = max(len(r.gpus) for r in mine)
         without = [r for r in mine if not r.gpu]
         if seen and without:
-            lines.append(f"fewer GPUs than ranks: {host} runs {len(mine)} ranks but its processes see {seen} GPU(s), "
-                         f"so {ranks_text([r.rank for r in without])} (local rank "
-                         f"{', '.join(str(r.local_rank) for r in without)}) have no cuda:LOCAL_RANK; start one process "
-                         f"per GPU (--nproc-per-node={seen}) or ask the job for {len(mine)} GPUs on each node")
+            lines.append(f"fewer GPUs than ranks: {host} runs {len(mine)} ranks but its processes see {seen} GPU(s): "
+                         f"no cuda:LOCAL_RANK for {ranks_text([r.rank for r in without])} (local rank "
+                         f"{', '.join(str(r.local_rank) for r in without)}); start one process per GPU "
+                         f"(--nproc-per-node={seen}) or ask the job for {len(mine)} GPUs on each node")
     return lines
 
 
@@ -277,7 +277,7 @@ def hosts_not_granted(reports, source, listed):
     lines = []
     for host, mine in by_host(reports).items():
         if short(host) not in allowed:
-            lines.append(f"a host not granted: {ranks_text([r.rank for r in mine])} run on {host}, which is not among "
+            lines.append(f"a host not granted: {ranks_text([r.rank for r in mine])} on {host}, which is not among "
                          f"the job's hosts ({source}: {', '.join(dict.fromkeys(listed))}); start the job's processes "
                          "inside the job, on its own nodes (the job scripts do), not on a login node or with another "
                          "job's host list")
@@ -363,7 +363,8 @@ def main(argv=None):
     if me.rank == 0:
         print(f"all_reduce with {backend}: the sum of ones is {total}, "
               f"{'the world size' if total == me.world_size else f'not the world size {me.world_size}'}")
-        print(probe_line(backend, nodes, me.world_size, args, seconds))
+        print(probe_line(backend, nodes, me.world_size, args, seconds) if me.world_size > 1
+              else "probe: one rank, nothing to measure between ranks")
         print(f"doctor: {len(problems)} problem(s) found, exit status 1" if problems else "doctor: no problem found",
               flush=True)
     dist.destroy_process_group()
