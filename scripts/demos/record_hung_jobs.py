@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 
 import torch
 
-from demos import rank_stacks
+from notebook_support import rank_stacks
 from machinery.output_paths import REPO
 
 PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)

@@ -1,4 +1,4 @@
-"""Where is every rank right now? py-spy dump of each worker of a torchrun on this node. Demo support: a
+"""Where is every rank right now? py-spy dump of each worker of a torchrun on this node. Notebook support: a
 learner may skip this module (notebook 09 shows what it finds).
 
 py-spy (https://github.com/benfred/py-spy, in the course's requirements) reads the Python stack of a running
