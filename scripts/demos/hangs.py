@@ -9,7 +9,7 @@ the debugging tools show about it. Notebook 09 runs them.
         (and meanwhile, from another terminal: py-spy dump --pid PID, for each rank's PID)
 
 Every rank must call the same collectives, in the same order, with tensors of the same shape. Each demo
-breaks that rule once, in 2 or 3 CPU processes with gloo:
+breaks that rule once, in 2 or 3 CPU processes with gloo (--backend nccl: one GPU per process):
 
   shapes             every rank all_reduces its list of metrics, and rank 1's list is one longer
   ops                rank 0 calls all_reduce where rank 1 calls broadcast
@@ -51,16 +51,21 @@ def parse_args(argv=None):
     runner.add_demo_arguments(parser, DEMOS, default=["skip"])
     parser.add_argument("--timeout", type=cli.positive_int, default=3, help="seconds a collective may wait")
     parser.add_argument("--short-rank", type=int, default=1, help="uneven: the rank with one batch fewer (default 1)")
-    parser.set_defaults(device="cpu", backend="gloo", threads=1, seed=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                        help="gloo on the CPU (default), or nccl on cuda:LOCAL_RANK (a GPU node)")
+    parser.set_defaults(threads=1, seed=0)
+    args = parser.parse_args(argv)
+    args.device = "cuda" if args.backend == "nccl" else "cpu"
+    return args
 
 
 def allow_py_spy():
     """Let any process of this user read this one's stack with py-spy.
 
-    Where the kernel's Yama module restricts ptrace to a process's ancestors (ptrace_scope 1, Ubuntu's
-    default), a py-spy started from another shell may not attach; prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)
-    lifts that for this process alone (man 2const PR_SET_PTRACER). Elsewhere the call does nothing.
+    Where the kernel's Yama module restricts ptrace to a process's ancestors (ptrace_scope 1, as Ubuntu's
+    /etc/sysctl.d/10-ptrace.conf sets it), a py-spy started from another shell may not attach;
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) lifts that for this process alone (man 2const PR_SET_PTRACER).
+    Elsewhere the call does nothing.
     """
     PR_SET_PTRACER, PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
     try:
@@ -92,7 +97,7 @@ def report_mismatch(runtime, error):
 
 
 def demo_shapes(runtime, args):
-    metrics = torch.ones(3 + runtime.rank)  # rank 1 added a metric of its own
+    metrics = torch.ones(3 + runtime.rank, device=runtime.device)  # rank 1 added a metric of its own
     try:
         dist.all_reduce(metrics)
     except RuntimeError as error:
@@ -106,7 +111,7 @@ def demo_shapes(runtime, args):
 
 
 def demo_ops(runtime, args):
-    values = torch.ones(3)
+    values = torch.ones(3, device=runtime.device)
     try:
         if runtime.rank == 0:
             dist.all_reduce(values)
@@ -122,7 +127,7 @@ def demo_ops(runtime, args):
 
 
 def demo_skip(runtime, args):
-    loss = torch.tensor([1.0])
+    loss = torch.ones(1, device=runtime.device)
     if runtime.rank == 0:
         dist.all_reduce(loss)  # the global loss, for rank 0's log line: the other ranks never come
     else:
@@ -132,7 +137,7 @@ def demo_skip(runtime, args):
 
 def demo_skip_then_barrier(runtime, args):
     allow_py_spy()
-    loss = torch.tensor([1.0])
+    loss = torch.ones(1, device=runtime.device)
     print(f"rank {runtime.rank}: waiting in a collective", flush=True)
     if runtime.rank == 0:
         dist.all_reduce(loss)  # rank 0 waits here for the others ...
@@ -162,7 +167,7 @@ def demo_uneven_then_barrier(runtime, args):
 
 def train_on_my_batches(runtime, args, watch=None):
     """--short-rank has one batch fewer than the others (3): its shard ran out first."""
-    gradients = torch.ones(4)
+    gradients = torch.ones(4, device=runtime.device)
     batches = 2 if runtime.rank == args.short_rank else 3
     for step in range(batches):
         if watch:

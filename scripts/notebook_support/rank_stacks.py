@@ -28,6 +28,7 @@ from pathlib import Path
 from machinery.output_paths import REPO
 
 FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)$")
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # a terminal's colour codes
 COLLECTIVES = "torch/distributed/distributed_c10d.py"  # all_reduce, barrier, broadcast, ...
 
 
@@ -78,9 +79,11 @@ def workers(agent_pid):
 
 
 def dump(pid):
-    """py-spy's dump of one process: its text, or py-spy's error."""
+    """py-spy's dump of one process: its text, or py-spy's error. Without colours: py-spy colours its output
+    where the environment asks for it (a Jupyter kernel's does), and the codes would stay in the text."""
     done = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-    return done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()}"
+    text = done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()}"
+    return COLOUR.sub("", text)
 
 
 def main_thread(text):

@@ -11,7 +11,8 @@ its CPU affinity and threads, the address gloo binds to (GLOO_SOCKET_IFNAME, els
 host's name resolves to; NCCL_SOCKET_IFNAME where set) and how MASTER_ADDR resolves from there. Rank 0
 prints one table of it all, then one line for each misconfiguration it recognises:
 
-  two ranks on one GPU         ranks of one host that would train on the same GPU
+  two ranks on one GPU         ranks of one host that would train on the same GPU (NCCL refuses them:
+                               "Duplicate GPU detected", src/init.cc of NVIDIA/nccl)
   fewer GPUs than ranks        a rank whose local rank has no GPU on its node (cuda:LOCAL_RANK missing)
   one CPU core per rank        the cores a node's ranks may use, divided by its ranks, is 1 or less
   a host listed twice          the job's host list names a host more than once, or one host runs the
@@ -218,8 +219,8 @@ def shared_gpus(reports):
         for same in (group for group in users.values() if len(group) > 1):
             lines.append(f"two ranks on one GPU: {ranks_text([r.rank for r in same])} on {host} would all train on "
                          f"{same[0].gpu[0]} {same[0].gpu[2]} (cuda:{', cuda:'.join(str(r.local_rank) for r in same)}): "
-                         "NCCL refuses two ranks on one GPU, and they would share its memory; start one process per "
-                         "GPU, one torchrun per host, and leave CUDA_VISIBLE_DEVICES to the scheduler")
+                         "NCCL refuses that ('Duplicate GPU detected'), and they would share its memory; start one "
+                         "process per GPU, one torchrun per host, and leave CUDA_VISIBLE_DEVICES to the scheduler")
     return lines
 
 
