@@ -170,7 +170,7 @@ def test_a_training_script_refuses_a_gpu_without_kernels_in_one_line_before_trai
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: {launch_checks.architecture_problem(0, 'Stand-in GPU 7.0', '7.0')}"], done.stderr
-    assert "pip install torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cu126" in done.stderr
+    assert "--index-url https://download.pytorch.org/whl/cu126" in done.stderr
     assert "epoch" not in done.stdout and "Traceback" not in done.stderr
 
 

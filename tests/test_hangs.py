@@ -87,7 +87,8 @@ def test_the_stored_dumps_of_notebook_09_match_the_demo_as_it_is():
     demos/hangs.py (after an edit there, run scripts/demos/record_hung_jobs.py again)."""
     from notebook_support import exercises
 
-    waits = exercises.where_each_rank_waits(exercises.rank_dumps(exercises.hung_job_evidence("uneven_3_ranks.pyspy.txt")))
+    dumps = exercises.rank_dumps(exercises.hung_job_evidence("uneven_3_ranks.pyspy.txt"))
+    waits = exercises.where_each_rank_waits(dumps)
     source = HANGS.read_text().splitlines()
     assert sorted(waits) == [0, 1, 2]
     for rank, (collective, caller) in waits.items():

@@ -152,10 +152,12 @@ JOBS = {
     # The cluster doctor on both hosts, one rank each (2 cores per rank): it names both hosts and diagnoses nothing.
     "doctor.pbs": Submission(
         "doctor.pbs", TWO_HOSTS, {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"},
-        log_has=(f"doctor: 2 rank(s) on 2 node(s): {HEAD} [0], {NODE2} [1]", f"job's hosts: PBS_NODEFILE: {HEAD}, {NODE2}",
+        log_has=(f"doctor: 2 rank(s) on 2 node(s): {HEAD} [0], {NODE2} [1]",
+                 f"job's hosts: PBS_NODEFILE: {HEAD}, {NODE2}",
                  re.compile(rf"^0 +{HEAD} +0 +0 +none +unset +2 \(", re.M),
                  re.compile(rf"^1 +{NODE2} +1 +0 +none +unset +2 \(", re.M),
-                 "all_reduce with gloo: the sum of ones is 2, the world size", "probe between 2 nodes: all_reduce of 16 MiB",
+                 "all_reduce with gloo: the sum of ones is 2, the world size",
+                 "probe between 2 nodes: all_reduce of 16 MiB",
                  "doctor: no problem found", f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0"),
         check=lambda log, record: doctor_diagnosed(log, []),
     ),

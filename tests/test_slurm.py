@@ -134,7 +134,8 @@ def test_the_doctor_reports_the_placement_slurm_gave(submitted, name):
     _, _, expected = DOCTOR_JOBS[name]
     state, exit_code = submitted["states"][name]
     log = submitted["logs"][name]
-    assert (state, exit_code) == (("FAILED", "1:0") if expected else ("COMPLETED", "0:0")), f"{state} {exit_code}\n{log}"
+    verdict = ("FAILED", "1:0") if expected else ("COMPLETED", "0:0")
+    assert (state, exit_code) == verdict, f"{state} {exit_code}\n{log}"
     found = re.findall(r"^diagnosis: (.*)$", log, re.M)
     assert len(found) == len(expected) and all(re.match(p, line) for p, line in zip(expected, found)), (found, log)
     hosts = re.search(r"^job's hosts: SLURM_JOB_NODELIST: (.*)$", log, re.M)

@@ -128,7 +128,8 @@ def dump_hung_job(script, *args, nproc=2, ready=waits_in_a_collective, deadline=
     waiting in a collective), then wait for the job to end by itself.
 
     Returns (stacks, output, status): {rank: frames} as last dumped, what the job printed (stdout and stderr
-    together), its exit status; ``keep_text`` (a dict), if given, receives the last dumps' whole text. If the ranks are not all ready within ``deadline`` seconds, the last dumps are
+    together), its exit status; ``keep_text`` (a dict), if given, receives the last dumps' whole text. If the
+    ranks are not all ready within ``deadline`` seconds, the last dumps are
     returned as they are. The job is never killed from here: it must end by itself (its --timeout).
     """
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from lesson import process
 from machinery import cli, launch_checks
+from machinery.errors import CourseError
 from tools import launch
 
 
@@ -137,10 +138,13 @@ def gloo_binding(host, interfaces):
 def gpu_facts():
     if not torch.cuda.is_available():
         return [], []
-    gpus = []
+    gpus, visible = [], os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     for index in range(torch.cuda.device_count()):
         properties = torch.cuda.get_device_properties(index)
-        gpus.append((properties.name, f"{properties.major}.{properties.minor}", str(properties.uuid)))
+        # The UUID tells two GPUs apart whatever their numbering; without one, the entry of CUDA_VISIBLE_DEVICES.
+        entry = visible[index] if index < len(visible) and visible[index] else index
+        identity = str(getattr(properties, "uuid", "") or "") or f"GPU {entry}"
+        gpus.append((properties.name, f"{properties.major}.{properties.minor}", identity))
     return gpus, launch_checks.gpus_without_kernels()
 
 
@@ -200,7 +204,8 @@ def table(reports):
     for r in reports:
         gpu = f"cuda:{r.local_rank} {r.gpu[0]} ({r.gpu[1]})" if r.gpu else (
             f"none of its own (sees {len(r.gpus)})" if r.gpus else "none")
-        cpus = f"{r.usable_cpus} ({launch_checks.format_ranks(r.affinity)}{', ' + r.granted_cpus if r.granted_cpus else ''})"
+        granted = f", {r.granted_cpus}" if r.granted_cpus else ""
+        cpus = f"{r.usable_cpus} ({launch_checks.format_ranks(r.affinity)}{granted})"
         gloo = r.gloo + (f"; NCCL_SOCKET_IFNAME={r.nccl_ifname}" if r.nccl_ifname else "")
         rows.append([str(r.rank), r.host, str(r.node_rank), str(r.local_rank), gpu,
                      "unset" if r.cuda_visible_devices is None else repr(r.cuda_visible_devices), cpus,
@@ -291,7 +296,8 @@ def gpus_without_kernels(reports):
         for index, name, capability in r.no_kernels:
             if (r.host, index) not in seen:
                 seen.add((r.host, index))
-                lines.append(f"a GPU without kernels: on {r.host}, {launch_checks.architecture_problem(index, name, capability)}")
+                problem = launch_checks.architecture_problem(index, name, capability)
+                lines.append(f"a GPU without kernels: on {r.host}, {problem}")
     return lines
 
 
@@ -354,6 +360,9 @@ def main(argv=None):
         for line in problems:
             print(f"diagnosis: {line}")
         sys.stdout.flush()
+    if args.backend == "nccl" and not gpus_usable(reports, problems):
+        raise CourseError("--backend nccl needs a GPU of its own, of an architecture this torch runs, for every rank; "
+                          "see the diagnoses above, or use --backend gloo")
     backend = args.backend if args.backend != "auto" else ("nccl" if gpus_usable(reports, problems) else "gloo")
     device, group = torch.device("cpu"), None
     if backend == "nccl":
