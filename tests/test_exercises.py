@@ -154,6 +154,8 @@ def wrong_answers(exercise_id, extra):
         "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
         "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
                  (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
+        "09.1": {"odd_rank": 2, "odd_line": 175},  # the right rank, but the line where the others wait
+        "09.2": {"culprit": 0, "steps_done": 2, "root_cause": 0},  # torchrun's root cause taken for the culprit
     }[exercise_id]
 
 
@@ -167,7 +169,7 @@ IDS = sorted(EXERCISES)
 def test_every_notebook_has_exercises():
     assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
         "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
-        "05_checkpoints_and_faults", "06_real_models", "07_beyond_ddp", "08_performance"]
+        "05_checkpoints_and_faults", "06_real_models", "07_beyond_ddp", "08_performance", "09_when_it_hangs"]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)

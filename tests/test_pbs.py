@@ -149,6 +149,18 @@ JOBS = {
         record={"script": "step6_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},
         log_has=("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu",),
     ),
+    # The cluster doctor on both hosts, one rank each (2 cores per rank): it names both hosts and diagnoses nothing.
+    "doctor.pbs": Submission(
+        "doctor.pbs", TWO_HOSTS, {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"},
+        log_has=(f"doctor: 2 rank(s) on 2 node(s): {HEAD} [0], {NODE2} [1]",
+                 f"job's hosts: PBS_NODEFILE: {HEAD}, {NODE2}",
+                 re.compile(rf"^0 +{HEAD} +0 +0 +none +unset +2 \(", re.M),
+                 re.compile(rf"^1 +{NODE2} +1 +0 +none +unset +2 \(", re.M),
+                 "all_reduce with gloo: the sum of ones is 2, the world size",
+                 "probe between 2 nodes: all_reduce of 16 MiB",
+                 "doctor: no problem found", f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0"),
+        check=lambda log, record: doctor_diagnosed(log, []),
+    ),
     "jupyter.pbs": Submission(
         "jupyter.pbs", ONE_CPU, {"COURSE_JUPYTER_IDLE_SECONDS": "5"},
         log_has=(re.compile(rf"== JupyterLab on ({HEAD}|{NODE2}), port \d+, serving "),
@@ -165,6 +177,13 @@ def same_python_on_every_node(python):
         assert f"== python: {python} " in log
         assert f"== node 0: {HEAD}, python {python}" in log and f"== node 1: {NODE2}, python {python}" in log
     return check
+
+
+def doctor_diagnosed(log, expected):
+    """The doctor's diagnosis lines are exactly ``expected`` (regular expressions, in order)."""
+    found = re.findall(r"^diagnosis: (.*)$", log, re.M)
+    assert len(found) == len(expected) and all(re.match(pattern, line) for pattern, line in zip(expected, found)), (
+        f"expected {expected}, got {found}\n{log}")
 
 
 # Not job files: the same jobs, other ways. Each has a name of its own.
@@ -206,6 +225,24 @@ VARIANTS = {
         log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
                  re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: epoch 1, 2 of \d+ batches done"),
                  "== node 0 (", "== node 1 (", "exit status 0"),
+    ),
+    # The doctor in a job granted one core per host: one rank per host, and no core for anything else.
+    "doctor_one_core": lambda venv, copy: Submission(
+        "doctor.pbs", TWO_HOSTS_ONE_CPU, {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, exit_status=1,
+        log_has=("doctor: 2 problem(s) found, exit status 1", f"== node 0 ({HEAD}): exit status 1"),
+        check=lambda log, record: doctor_diagnosed(log, [
+            rf"one CPU core per rank: {HEAD} runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), ",
+            rf"one CPU core per rank: {NODE2} runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), "]),
+    ),
+    # The doctor in a job whose two chunks PBS packed on one host: the node file lists that host twice (and
+    # the job has NCPUS=1 there, one chunk's ncpus: one core for its one rank).
+    "doctor_packed": lambda venv, copy: Submission(
+        "doctor.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
+        {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, exit_status=1,
+        log_has=(re.compile(rf"^doctor: 1 rank\(s\) on 1 node\(s\): ({HEAD}|{NODE2}) \[0\]$", re.M),),
+        check=lambda log, record: doctor_diagnosed(log, [
+            rf"one CPU core per rank: ({HEAD}|{NODE2}) runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), ",
+            rf"a host listed twice: PBS_NODEFILE lists ({HEAD}|{NODE2}) 2 times: "]),
     ),
     # Two chunks packed on one host: refused before pbsdsh starts two launchers there.
     "packed": lambda venv, copy: Submission(

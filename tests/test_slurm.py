@@ -9,6 +9,7 @@ Skipped only where Slurm is not installed.
 """
 import re
 import shutil
+import socket
 import subprocess
 import time
 
@@ -59,8 +60,9 @@ def submitted(tmp_path_factory):
     write_image_folder(out / "finetune" / "imagefolder")
     write_resnet18_weights(out / "finetune" / "resnet18-weights.pt")
     jobs = {}
-    # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it).
-    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch")) if path.stem != "jupyter"] + ["failing"]:
+    # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it); the
+    # doctor's jobs are in DOCTOR_JOBS.
+    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch")) if path.stem not in ("jupyter", "doctor")] + ["failing"]:
         script = "01_baseline" if step == "failing" else step
         env = clean_environment()
         env["COURSE_ARGS"] = (f"{SHORT_RUN} --results-dir {out} --run-name {step} " + DATA.get(step, "").format(out=out) +
@@ -73,6 +75,13 @@ def submitted(tmp_path_factory):
         )
         assert result.returncode == 0, f"sbatch {script}.sbatch: {result.stderr}"
         jobs[step] = result.stdout.strip().split(";")[0]
+    for name, (sbatch_options, variables, _) in DOCTOR_JOBS.items():
+        env = {**clean_environment(), **variables}
+        result = subprocess.run(
+            ["sbatch", "--parsable", *overrides, *sbatch_options, f"--job-name=test-{name}", f"--output={out}/{name}-%j.out",
+             "job_scripts/doctor.sbatch"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"sbatch doctor.sbatch: {result.stderr}"
+        jobs[name] = result.stdout.strip().split(";")[0]
 
     deadline = time.monotonic() + WAIT_SECONDS
     states = {}
@@ -108,6 +117,32 @@ EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
     "06_finetune_2nodes": ("step6_finetune", lambda c: 2 * min(c, 4)),
     "06_model_parallel": ("step6_model_parallel", lambda c: min(c, 4)),  # no GPU: one process per CPU
 }
+
+
+# The doctor's jobs: sbatch options beyond the overrides, the job's variables, and the diagnoses expected (regular
+# expressions, in order). This Slurm's two nodes are one machine (.ci/start_slurm.sh): the doctor says so.
+HOST = socket.gethostname()
+DOCTOR_JOBS = {
+    "doctor": ([], {}, [r"one CPU core per rank: ", rf"a host listed twice: {HOST} runs the ranks of 2 torchruns "
+                                                     r"\(node ranks 0, 1\): two launchers on one host"]),
+    "doctor_one_node": (["--nodes=1"], {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCTOR_JOBS))
+def test_the_doctor_reports_the_placement_slurm_gave(submitted, name):
+    _, _, expected = DOCTOR_JOBS[name]
+    state, exit_code = submitted["states"][name]
+    log = submitted["logs"][name]
+    verdict = ("FAILED", "1:0") if expected else ("COMPLETED", "0:0")
+    assert (state, exit_code) == verdict, f"{state} {exit_code}\n{log}"
+    found = re.findall(r"^diagnosis: (.*)$", log, re.M)
+    assert len(found) == len(expected) and all(re.match(p, line) for p, line in zip(expected, found)), (found, log)
+    hosts = re.search(r"^job's hosts: SLURM_JOB_NODELIST: (.*)$", log, re.M)
+    nodes = 1 if name == "doctor_one_node" else 2
+    assert hosts and len(hosts[1].split(", ")) == nodes, log  # the job's Slurm nodes, as scontrol names them
+    assert len(re.findall(rf"^\d+ +{re.escape(HOST)} +", log, re.M)) >= nodes, log  # one table row per rank at least
+    assert "all_reduce with gloo: the sum of ones is" in log and "the world size" in log, log
 
 
 @pytest.mark.parametrize("step", sorted(EXPECTED))

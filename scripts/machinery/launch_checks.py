@@ -2,7 +2,7 @@
 
 - torchrun's variables: all of them or none, whole numbers, consistent with each other; without any, a
   plain ``python`` run gets what torchrun would set for one process;
-- GPUs: as many on the node as processes;
+- GPUs: as many on the node as processes, each of an architecture this torch build has kernels for;
 - gloo's network interfaces: ``GLOO_SOCKET_IFNAME`` must name interfaces of this host;
 - where the ranks landed: the pre-flight line ``describe_world`` writes;
 - torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group.
@@ -58,6 +58,61 @@ def check_gpus(local_world_size):
             f"{local_world_size} processes on this node but only {gpus} GPU(s); "
             f"launch with --nproc-per-node={gpus} or use --device cpu"
         )
+    check_gpu_architecture()
+
+
+# The route for GPUs the pinned CUDA 13 wheels have no kernels for (Volta and older): the README's
+# "Which CUDA build" section. PyTorch's CUDA 12.6 wheels for x86-64 are built for sm_50 to sm_90, Volta's
+# sm_70 among them (PYTORCH_RELEASES_CODE_CC in torch/cuda/__init__.py).
+CUDA_12_ROUTE = ('install a CUDA 12 build of the same release, as the README says under "Which CUDA build": '
+                 "pip install torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cu126")
+
+
+def has_kernels_for(capability, arch_list):
+    """True when a torch built for ``arch_list`` (torch.cuda.get_arch_list(): 'sm_80', 'compute_90', ...) can
+    run on a GPU of compute capability ``capability`` (major, minor).
+
+    NVIDIA's rule for discrete GPUs (CUDA C++ Programming Guide, "Binary Compatibility"): machine code for
+    sm_XY runs on X.Z with Z >= Y, the same major version only; PTX (compute_XY) is compiled when it is loaded,
+    for XY and anything newer. torch itself only warns at its first CUDA call (torch.cuda._check_capability).
+    """
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        number = int(number.rstrip("af"))  # sm_90a, sm_100f: the same major and minor
+        built = divmod(number, 10)
+        if kind == "sm" and built[0] == major and built[1] <= minor:
+            return True
+        if kind == "compute" and built <= (major, minor):
+            return True
+    return False
+
+
+def gpus_without_kernels():
+    """[(index, name, "X.Y")] for each visible GPU this torch build has no kernels for."""
+    if not torch.cuda.is_available():
+        return []
+    arch_list = torch.cuda.get_arch_list()
+    missing = []
+    for index in range(torch.cuda.device_count()):
+        capability = torch.cuda.get_device_capability(index)
+        if arch_list and not has_kernels_for(capability, arch_list):
+            missing.append((index, torch.cuda.get_device_name(index), "{}.{}".format(*capability)))
+    return missing
+
+
+def architecture_problem(index, name, capability):
+    """The one line that says a GPU has no kernels in this build, and the way out."""
+    return (f"GPU {index} ({name}) has compute capability {capability}, and this torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}) has kernels only for {', '.join(torch.cuda.get_arch_list())}; "
+            f"{CUDA_12_ROUTE}")
+
+
+def check_gpu_architecture():
+    """Before training: a GPU without kernels in this build fails in one line, not in the first kernel launch."""
+    missing = gpus_without_kernels()
+    if missing:
+        raise CourseError(architecture_problem(*missing[0]))
 
 
 def check_gloo_interfaces():

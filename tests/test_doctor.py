@@ -1,0 +1,195 @@
+"""scripts/tools/doctor.py, fed each misconfiguration it recognises, and a placement with none.
+
+Made for real wherever this machine can: ranks pinned to one CPU core (the affinity a scheduler's cpuset
+gives a job granted one core), a PBS node file that lists this host twice or lists another host (through
+the course's launcher, as a job would run it), two torchruns started on one host. This machine has no GPU,
+so the GPU cases run on a stand-in (tests/gpu_stand_in/sitecustomize.py): torch.cuda reports GPUs of the
+compute capabilities a test asks for, with the real build's architecture list; launches, ranks and the
+collectives (gloo) stay real. tests/test_pbs.py and tests/test_slurm.py run the doctor's jobs.
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import PYTHON, REPO, SCRIPTS, free_port, run_python, script_env
+from machinery import launch_checks
+
+DOCTOR = SCRIPTS / "tools" / "doctor.py"
+LAUNCHER = SCRIPTS / "tools" / "launch.py"
+STAND_IN = REPO / "tests" / "gpu_stand_in"
+HOST = socket.gethostname()
+RUN_SECONDS = 300
+
+
+def cores(count):
+    """``count`` cores of this process's affinity, or a skip where the machine has fewer."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < count:
+        pytest.skip(f"needs {count} CPU cores, this machine gives {len(mine)}")
+    return set(mine[:count])
+
+
+def doctor_env(gpus=None, **extra):
+    """No scheduler; no GPU, or the stand-in's GPUs of the given compute capabilities ("9.0,7.0")."""
+    env = script_env(**extra)
+    for name in [name for name in env if name.startswith(("PBS_", "SLURM_"))] + ["NCPUS", "CUDA_VISIBLE_DEVICES"]:
+        env.pop(name, None)
+    if gpus:
+        env.update(COURSE_STAND_IN_GPUS=gpus, PYTHONPATH=os.pathsep.join([str(STAND_IN), env.get("PYTHONPATH", "")]))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run(command, env, on_cores):
+    """Run ``command`` (and every process it starts) on the CPU cores ``on_cores``; output and errors together."""
+    return subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=RUN_SECONDS, preexec_fn=lambda: os.sched_setaffinity(0, on_cores))
+
+
+def torchrun_doctor(nproc, env, on_cores, *doctor_args):
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(DOCTOR),
+               *doctor_args]
+    return run(command, env, on_cores)
+
+
+def launched_doctor(nodefile_lines, tmp_path, env, on_cores, *launcher_args):
+    """The doctor as a PBS job runs it: through scripts/tools/launch.py, with a node file of its own."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"{line}\n" for line in nodefile_lines))
+    env = {**env, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "4242.pbs-test"}
+    return run([PYTHON, str(LAUNCHER), "--max-restarts", "0", *launcher_args, str(DOCTOR)], env, on_cores)
+
+
+def diagnoses(output):
+    return [line.removeprefix("diagnosis: ") for line in output.splitlines() if line.startswith("diagnosis: ")]
+
+
+def assert_diagnosed(done, *starts):
+    """Exit status 1, and exactly one diagnosis line starting with each of ``starts``, in the doctor's order."""
+    found = diagnoses(done.stdout)
+    assert done.returncode != 0, done.stdout
+    assert len(found) == len(starts) and all(line.startswith(start) for line, start in zip(found, starts)), (
+        f"expected {starts}, got {found}\n{done.stdout}")
+    assert re.search(rf"^doctor: {len(starts)} problem\(s\) found, exit status 1$", done.stdout, re.M), done.stdout
+    return found
+
+
+def assert_healthy(done, world_size):
+    assert done.returncode == 0, done.stdout
+    assert not diagnoses(done.stdout), done.stdout
+    assert f"all_reduce with gloo: the sum of ones is {world_size}, the world size" in done.stdout
+    assert re.search(r"^doctor: no problem found$", done.stdout, re.M), done.stdout
+
+
+# ---------------------------------------------------------------- placements the doctor accepts
+
+def test_one_rank_with_two_cores_is_healthy_and_the_table_says_where_it_runs():
+    done = torchrun_doctor(1, doctor_env(), cores(2))
+    assert_healthy(done, world_size=1)
+    assert f"doctor: 1 rank(s) on 1 node(s): {HOST} [0]" in done.stdout
+    row = re.search(rf"^0 +{re.escape(HOST)} +0 +0 +none +'' +2 \(.+\) +1 +\S+ .* -> [\d.]+ via \S+$",
+                    done.stdout, re.M)
+    assert row, done.stdout  # rank, host, node rank, local rank, no GPU, CUDA_VISIBLE_DEVICES='', 2 cores, 1 thread
+
+
+def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
+    done = torchrun_doctor(1, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
+    assert_healthy(done, world_size=1)
+    assert "cuda:0 Stand-in GPU 9.0 (9.0)" in done.stdout
+
+
+# ---------------------------------------------------------------- each misconfiguration, made for real
+
+def test_two_ranks_on_one_core_are_diagnosed():
+    done = torchrun_doctor(2, doctor_env(), cores(1))
+    found = assert_diagnosed(done, "one CPU core per rank")
+    assert found[0].startswith(f"one CPU core per rank: {HOST} runs 2 rank(s) on 1 CPU core(s), "), found
+
+
+def test_a_node_file_that_lists_this_host_twice_is_diagnosed(tmp_path):
+    done = launched_doctor([HOST, HOST], tmp_path, doctor_env(), cores(2), "--nproc-per-node", "1")
+    found = assert_diagnosed(done, "a host listed twice")
+    assert found[0].startswith(f"a host listed twice: PBS_NODEFILE lists {HOST} 2 times: "), found
+    assert "launch.py: PBS job 4242.pbs-test" in done.stdout  # the course's launcher started it, as a job does
+
+
+def test_ranks_on_a_host_the_job_was_not_granted_are_diagnosed(tmp_path):
+    done = launched_doctor(["gpu-node-07"], tmp_path, doctor_env(), cores(2), "--nproc-per-node", "1")
+    found = assert_diagnosed(done, "a host not granted")
+    assert found[0].startswith(f"a host not granted: rank 0 on {HOST}, which is not among the job's hosts "
+                               "(PBS_NODEFILE: gpu-node-07); "), found
+
+
+def test_two_torchruns_on_one_host_put_two_ranks_on_one_gpu():
+    """Two launchers on one host (--nnodes=2, both here): each numbers its local ranks from 0, so both ranks
+    would train on cuda:0."""
+    env, port = doctor_env(gpus="9.0"), free_port()
+    commands = [[PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-conf=is_host={is_host},join_timeout=120",
+                 str(DOCTOR), "--backend", "gloo"] for is_host in (1, 0)]
+    on_cores = cores(2)
+    agents = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, preexec_fn=lambda: os.sched_setaffinity(0, on_cores)) for command in commands]
+    outputs = [agent.communicate(timeout=RUN_SECONDS)[0] for agent in agents]
+    assert all(agent.returncode != 0 for agent in agents), outputs
+    done = subprocess.CompletedProcess(commands[0], 1, "".join(outputs))
+    found = assert_diagnosed(done, "two ranks on one GPU", "one CPU core per rank", "a host listed twice")
+    assert found[0].startswith(f"two ranks on one GPU: ranks 0-1 on {HOST} would all train on Stand-in GPU 9.0 "
+                               f"GPU-stand-in-{HOST}-0 (cuda:0, cuda:0): "), found
+    assert found[2].startswith(f"a host listed twice: {HOST} runs the ranks of 2 torchruns (node ranks 0, 1): "), found
+
+
+def test_a_node_with_fewer_gpus_than_ranks_is_diagnosed():
+    done = torchrun_doctor(2, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
+    found = assert_diagnosed(done, "fewer GPUs than ranks", "one CPU core per rank")
+    assert found[0].startswith(f"fewer GPUs than ranks: {HOST} runs 2 ranks but its processes see 1 GPU(s): no "
+                               "cuda:LOCAL_RANK for rank 1 (local rank 1); start one process per GPU "
+                               "(--nproc-per-node=1)"), found
+
+
+def test_a_gpu_this_build_has_no_kernels_for_is_diagnosed_with_the_cuda_12_route():
+    """GPU 0 is a Volta (7.0), GPU 1 a Hopper (9.0): only GPU 0 is named."""
+    done = torchrun_doctor(1, doctor_env(gpus="7.0,9.0"), cores(2), "--backend", "gloo")
+    found = assert_diagnosed(done, "a GPU without kernels")
+    assert found[0] == (f"a GPU without kernels: on {HOST}, GPU 0 (Stand-in GPU 7.0) has compute capability 7.0, "
+                        f"and this torch {torch.__version__} (CUDA {torch.version.cuda}) has kernels only for "
+                        f"{', '.join(torch.cuda.get_arch_list())}; {launch_checks.CUDA_12_ROUTE}"), found
+
+
+# ---------------------------------------------------------------- the same architecture check before training
+
+def test_a_training_script_refuses_a_gpu_without_kernels_in_one_line_before_training():
+    done = run_python("step1_baseline.py", "--device", "cuda", "--epochs", "1", "--max-steps", "1",
+                      env=doctor_env(gpus="7.0"), timeout=RUN_SECONDS)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {launch_checks.architecture_problem(0, 'Stand-in GPU 7.0', '7.0')}"], done.stderr
+    assert "--index-url https://download.pytorch.org/whl/cu126" in done.stderr
+    assert "epoch" not in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("capability, arch_list, runs", [
+    ((7, 0), ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], False),  # Volta on the CUDA 13 wheels
+    ((7, 0), ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], True),  # ... on the CUDA 12.6 ones
+    ((8, 9), ["sm_80", "sm_86", "sm_90"], True),  # sm_86 machine code runs on 8.9: same major, newer minor
+    ((8, 0), ["sm_86", "sm_90"], False),  # ... but not on an older minor
+    ((9, 0), ["sm_75", "sm_80", "sm_86"], False),  # no machine code for 9.x and no PTX
+    ((9, 0), ["sm_80", "compute_80"], True),  # PTX is compiled for newer GPUs when loaded
+    ((9, 0), ["sm_90a"], True),  # an architecture-specific variant of 9.0
+])
+def test_the_architecture_rule(capability, arch_list, runs):
+    assert launch_checks.has_kernels_for(capability, arch_list) is runs
+
+
+def test_the_pinned_build_refuses_volta_and_runs_everything_newer():
+    arch_list = torch.cuda.get_arch_list()
+    if torch.version.cuda is None or not arch_list:
+        pytest.skip("a torch build without CUDA: it has no architecture list")
+    assert not launch_checks.has_kernels_for((7, 0), arch_list)
+    assert all(launch_checks.has_kernels_for(capability, arch_list) for capability in [(7, 5), (8, 0), (8, 6), (9, 0)])
