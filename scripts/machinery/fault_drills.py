@@ -5,8 +5,10 @@ follows. Machinery: a learner may skip this module (notebook 05 runs the drills)
 
 Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer. A drill strikes
 only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset): after torchrun
-restarts the group, training goes on past the same step. The signals are real: ``kill`` is SIGKILL, as
-the kernel's out-of-memory killer sends it.
+restarts the group, training goes on past the same step. With ``--fault-every-attempt`` it strikes in
+every attempt but the last one torchrun's --max-restarts allows, each one step later than the attempt
+before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
+is SIGKILL, as the kernel's out-of-memory killer sends it.
 """
 import os
 import signal
@@ -16,7 +18,7 @@ import time
 from lesson.loop import Callback
 
 from . import checkpoints
-from .launch_checks import first_attempt
+from .launch_checks import first_attempt, restart_count
 
 
 def drills(args, runtime, checkpointing):
@@ -28,6 +30,16 @@ def drills(args, runtime, checkpointing):
     return [StrikeAfterStep(args, runtime)]
 
 
+def strike_step(args):
+    """The step after which the drill strikes in this attempt; None: not in this attempt. With
+    --fault-every-attempt, every attempt but the last that torchrun's --max-restarts allows, so that the
+    run can finish."""
+    if args.fault_every_attempt:
+        last = restart_count() >= int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        return None if last else args.fault_step + restart_count()
+    return args.fault_step if first_attempt() else None
+
+
 class StrikeAfterStep(Callback):
     """``--fault kill|exit|stall``: rank --fault-rank, after step --fault-step (after that step's checkpoint)."""
 
@@ -36,7 +48,7 @@ class StrikeAfterStep(Callback):
 
     def on_step_end(self, trainer):
         args, rank, step = self.args, self.rank, trainer.global_step
-        if rank != args.fault_rank or step != args.fault_step or not first_attempt():
+        if rank != args.fault_rank or step != strike_step(args):
             return
         if args.fault == "kill":
             print(f"fault drill: rank {rank} kills itself (SIGKILL) after step {step}", flush=True)
@@ -61,7 +73,8 @@ class CrashWhileSaving(Callback):
 
     def wrap(self, write):
         def write_or_crash(state, path):
-            if state["global_step"] < self.args.fault_step or not first_attempt():
+            strike = strike_step(self.args)
+            if strike is None or state["global_step"] < strike:
                 return write(state, path)
             print(f"fault drill: rank 0 dies halfway through writing {path.name}", flush=True)
             data = checkpoints.serialize(state)
