@@ -2,10 +2,14 @@
 follows. Machinery: a learner may skip this module (notebook 05 runs the drills).
 
     torchrun --nproc-per-node=2 --max-restarts=1 scripts/step4_ddp.py --fault kill --fault-rank 1 --fault-step 20
+    torchrun --nproc-per-node=2 scripts/step4_ddp.py --fault sigterm --fault-step 20
 
 Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer. A drill strikes
 only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset): after torchrun
-restarts the group, training goes on past the same step. With ``--fault-every-attempt`` it strikes in
+restarts the group, training goes on past the same step. ``sigterm`` and ``sigint`` stop a run the way
+a scheduler (SIGTERM) and Ctrl-C (SIGINT) do: the rank sends the signal to torchrun, which passes it on to
+every worker (without torchrun, to itself), and waits until it has come back, so that the run stops after
+the very next step (graceful_stop.py). With ``--fault-every-attempt`` it strikes in
 every attempt but the last one torchrun's --max-restarts allows, each one step later than the attempt
 before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
 is SIGKILL, as the kernel's out-of-memory killer sends it.
@@ -17,7 +21,7 @@ import time
 
 from lesson.loop import Callback
 
-from . import checkpoints
+from . import checkpoints, graceful_stop
 from .launch_checks import first_attempt, restart_count
 
 
@@ -41,10 +45,11 @@ def strike_step(args):
 
 
 class StrikeAfterStep(Callback):
-    """``--fault kill|exit|stall``: rank --fault-rank, after step --fault-step (after that step's checkpoint)."""
+    """``--fault kill|exit|stall|sigterm|sigint``: rank --fault-rank, after step --fault-step (after that step's
+    checkpoint)."""
 
     def __init__(self, args, runtime):
-        self.args, self.rank = args, runtime.rank
+        self.args, self.rank, self.timeout = args, runtime.rank, runtime.timeout.total_seconds()
 
     def on_step_end(self, trainer):
         args, rank, step = self.args, self.rank, trainer.global_step
@@ -60,6 +65,18 @@ class StrikeAfterStep(Callback):
         if args.fault == "stall":
             print(f"fault drill: rank {rank} stalls for {args.fault_seconds:.0f} s after step {step}", flush=True)
             time.sleep(args.fault_seconds)
+        if args.fault in ("sigterm", "sigint"):
+            self.signal_the_launcher(signal.SIGTERM if args.fault == "sigterm" else signal.SIGINT, step)
+
+    def signal_the_launcher(self, number, step):
+        """Send ``number`` to torchrun (or to this process without it), and wait until it has come back."""
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        print(f"fault drill: rank {self.rank} sends {number.name} to {'torchrun' if under_torchrun else 'itself'} "
+              f"after step {step}", flush=True)
+        os.kill(os.getppid() if under_torchrun else os.getpid(), number)
+        deadline = time.monotonic() + self.timeout
+        while number not in graceful_stop.received and time.monotonic() < deadline:
+            time.sleep(0.01)  # torchrun passes it on within a moment
 
 
 class CrashWhileSaving(Callback):

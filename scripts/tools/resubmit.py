@@ -96,7 +96,7 @@ def follow_up_command(job, job_id, checkpoint_dir):
         path = job.get(key, "")
         default = re.search(rf"/{re.escape(job.get('Job_Name', ''))}\.{suffix}\d+$", path)
         if path and not default and not (option == "-e" and job.get("Join_Path", "n") != "n"):
-            words += [option, f"{path}.part{part}"]
+            words += [option, f"{re.sub(r'[.]part[0-9]+$', '', path)}.part{part}"]
     variables = {name: value for name, value in given.items() if not name.startswith("PBS_O_")}
     variables.update(COURSE_CHECKPOINT_DIR=checkpoint_dir, COURSE_JOB_PART=part)
     words += ["-v", ",".join(variable(name, value) for name, value in variables.items())]
