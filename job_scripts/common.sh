@@ -13,6 +13,10 @@ course_fail() {
 # from (scripts/machinery/graceful_stop.py). A multi-node job hands it to its other nodes.
 : "${COURSE_JOB_START:=$(date +%s)}"
 export COURSE_JOB_START
+# Slurm's warning (--signal=B:USR1@...) may come up to a minute early, even before the run starts:
+# noted here, it becomes the run's stop request in course_train (USR1 would end the shell otherwise).
+COURSE_STOP_ASKED=""
+trap 'COURSE_STOP_ASKED=1' USR1
 # shellcheck source=job_scripts/site.sh
 source job_scripts/site.sh
 
@@ -79,14 +83,19 @@ course_setup() {
 # the run checks a checkpoint fits in.
 course_read_time_limit() {
     local walltime="" grace=""
-    COURSE_LIMIT_ARG_LIST=()
+    COURSE_LIMIT_ARG_LIST=() COURSE_LIMIT_TEXT=""
     if [[ -n ${PBS_JOBID:-} ]] && command -v qstat >/dev/null; then
         walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}')
         grace=$(qstat -Qf "${PBS_QUEUE:-}" 2>/dev/null | awk '$1 == "kill_delay" {print $3}')
         grace=${grace:-10}  # OpenPBS's default kill_delay (pbs_queue_attributes(7B))
-        [[ -z $walltime ]] || COURSE_LIMIT_ARG_LIST+=(--stop-after "$walltime")
+        if [[ -n $walltime ]]; then
+            COURSE_LIMIT_ARG_LIST+=(--stop-after "$walltime")
+            COURSE_LIMIT_TEXT="walltime $walltime (qstat -f): the run stops with a checkpoint before it, and the job submits its follow-up"
+        fi
+        COURSE_LIMIT_TEXT+="${COURSE_LIMIT_TEXT:+; }SIGTERM to SIGKILL: $grace s (the queue's kill_delay)"
     elif [[ -n ${SLURM_JOB_ID:-} ]] && command -v scontrol >/dev/null; then
         grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
+        COURSE_LIMIT_TEXT="SIGUSR1 ahead of it (--signal=B:USR1@...) asks the run to stop with a checkpoint, and the job requeues itself${grace:+; SIGTERM to SIGKILL: $grace s (KillWait)}"
     fi
     [[ -z $grace ]] || COURSE_LIMIT_ARG_LIST+=(--grace-period "$grace")
     # shellcheck disable=SC2034  # used by the job scripts that source this file
@@ -123,9 +132,6 @@ course_log_env() {
     echo "== job ${PBS_JOBID:-${SLURM_JOB_ID:-(no job id)}} on $(hostname), $(date '+%Y-%m-%d %H:%M:%S')"
     echo "== course directory: $PWD"
     echo "== checkpoints: $COURSE_CHECKPOINT_DIR (the job resumes from the newest there)"
-    if ((${#COURSE_LIMIT_ARG_LIST[@]})); then
-        echo "== time limit: ${COURSE_LIMIT_ARG_LIST[*]} (the run stops with a checkpoint before it; the job continues)"
-    fi
     if [[ -n ${PBS_NODEFILE:-} && -r ${PBS_NODEFILE:-} ]]; then
         echo "== nodes (PBS_NODEFILE): $(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE" | paste -sd ' ' -)"
     elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
@@ -165,11 +171,13 @@ course_run() {
 #   sends SIGTERM to the run's processes too, and they stop with a checkpoint.
 course_train() {
     local start=$SECONDS status=0 pid last
+    if [[ -n ${COURSE_LIMIT_TEXT:-} ]]; then echo "== time limit: $COURSE_LIMIT_TEXT"; fi
     echo "== running: $*"
     mkdir -p "$COURSE_CHECKPOINT_DIR"
     rm -f "$COURSE_CHECKPOINT_DIR/STOP" "$COURSE_CHECKPOINT_DIR/STOPPED"  # news of an earlier job is old
     COURSE_SIGTERM_AT=""
-    trap 'echo "== SIGUSR1: the time limit is near; asking the run to stop"; touch "$COURSE_CHECKPOINT_DIR/STOP"' USR1
+    trap 'course_ask_to_stop' USR1
+    [[ -z $COURSE_STOP_ASKED ]] || course_ask_to_stop
     trap 'COURSE_SIGTERM_AT=${COURSE_SIGTERM_AT:-$SECONDS}' TERM
     "$@" &
     pid=$!
@@ -183,10 +191,16 @@ course_train() {
         wait "$pid" 2>/dev/null || last=$?
         ((last == 127)) || status=$last  # 127: the wait above had its status already
     fi
-    trap - USR1 TERM
+    trap 'COURSE_STOP_ASKED=1' USR1  # too late for this run: noted, and ignored
+    trap - TERM
     echo "== exit status $status after $((SECONDS - start)) s"
     course_continue || status=$?
     return "$status"
+}
+
+course_ask_to_stop() {
+    echo "== SIGUSR1: the time limit is near; asking the run to stop (touch $COURSE_CHECKPOINT_DIR/STOP)"
+    touch "$COURSE_CHECKPOINT_DIR/STOP"
 }
 
 # After a run that stopped early with a checkpoint (its note, STOPPED in the checkpoint
