@@ -12,14 +12,15 @@ Dropout is on in every run: each rank's random stream must come back too.
 import datetime
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import (REPO, assert_ok, assert_one_line_error, assert_same_weights, run_outputs, run_python,
-                     run_torchrun, saved_weights, script_env)
+from helpers import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights, run_outputs,
+                     run_python, run_torchrun, saved_weights, script_env)
 from machinery import checkpoints, graceful_stop, launch_checks
 from machinery.errors import CourseError
 
@@ -217,3 +218,19 @@ def test_start_over_moves_an_unfinished_run_aside_and_starts_fresh(uninterrupted
 def test_start_over_and_resume_exclude_each_other():
     done = run_python("step1_baseline.py", "--resume", "--start-over")
     assert done.returncode == 2 and "--start-over and --resume exclude each other" in done.stderr
+
+
+def test_a_stuck_process_ends_itself_before_the_schedulers_sigkill(tmp_path):
+    """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes, as in a hung
+    collective): one second before the SIGKILL that --grace-period announces, it ends itself (SIGALRM). On PBS
+    the SIGKILL reaches torchrun, not its workers (their own sessions): without this they would outlive the job."""
+    command = [PYTHON, str(SCRIPTS / "step1_baseline.py"), *map(str, RUN), *map(str, run_outputs(tmp_path, "stuck")),
+               "--grace-period", "3", "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
+    stuck = subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    for line in stuck.stdout:
+        if "fault drill: rank 0 stalls" in line:
+            stuck.send_signal(signal.SIGTERM)
+            break
+    stuck.communicate(timeout=120)  # a hang guard: the stall alone would last ten minutes
+    assert stuck.returncode == -signal.SIGALRM  # only the alarm the SIGTERM armed sends it

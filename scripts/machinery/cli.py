@@ -164,9 +164,10 @@ def run(main, argv=None):
 
     from . import graceful_stop, launch_checks, stragglers
 
-    graceful_stop.install_handlers()
+    words = sys.argv[1:] if argv is None else argv
+    graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
     try:
-        launch_checks.meet_on_a_fresh_store(timeout_in(sys.argv[1:] if argv is None else argv))
+        launch_checks.meet_on_a_fresh_store(number_in(words, "--timeout", int, 300))
         main(argv)
     except graceful_stop.Stopped as stopped:
         graceful_stop.finish(stopped)
@@ -192,12 +193,16 @@ def run(main, argv=None):
             dist.destroy_process_group()
 
 
-def timeout_in(argv):
-    """--timeout of a command line (300 without one, or where it is not a whole number: the script's own
-    parser says so), before the script parses the rest."""
+def number_in(argv, flag, kind, default):
+    """The value of ``flag`` on a command line (``default`` without one, or where it is not a positive number:
+    the script's own parser says so), before the script parses the rest."""
     for index, word in enumerate(argv):
-        value = word.partition("=")[2] if word.startswith("--timeout=") else (
-            argv[index + 1] if word == "--timeout" and index + 1 < len(argv) else None)
-        if value is not None:
-            return int(value) if value.isdigit() and int(value) > 0 else 300
-    return 300
+        text = word.partition("=")[2] if word.startswith(f"{flag}=") else (
+            argv[index + 1] if word == flag and index + 1 < len(argv) else None)
+        if text is not None:
+            try:
+                value = kind(text)
+            except ValueError:
+                return default
+            return value if value > 0 else default
+    return default

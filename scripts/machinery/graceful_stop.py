@@ -37,6 +37,7 @@ from .output_paths import display_path
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 received = []  # the signals this process got, in order: a handler only appends here
+GRACE = []  # --grace-period, once known: how long after SIGTERM the scheduler sends SIGKILL
 
 REQUEST_FILE = "STOP"  # in the checkpoint folder: "stop at the next step" (the Slurm jobs write it)
 NOTE_FILE = "STOPPED"  # in the checkpoint folder: "<reason> <step>", written by rank 0 after a stop
@@ -53,8 +54,13 @@ class Stopped(Exception):
         self.status = status
 
 
-def install_handlers():
-    """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once."""
+def install_handlers(grace=None):
+    """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once.
+
+    ``grace`` (--grace-period): a process that has not stopped one second before the scheduler's SIGKILL
+    is due ends itself (SIGALRM). On PBS the SIGKILL reaches torchrun but not its workers, which live in
+    sessions of their own: a worker stuck in a collective would otherwise outlive its job."""
+    GRACE[:] = [grace] if grace else []
     for number in SIGNALS:
         signal.signal(number, on_signal)
 
@@ -62,6 +68,8 @@ def install_handlers():
 def on_signal(number, frame):
     if number == signal.SIGINT and signal.SIGINT in received:
         raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step to end
+    if number == signal.SIGTERM and GRACE and number not in received:
+        signal.alarm(max(1, int(GRACE[0]) - 1))  # SIGALRM's default action ends the process
     received.append(number)
 
 
