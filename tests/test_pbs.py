@@ -513,13 +513,19 @@ def stopped_jobs(pbs, course, tmp_path_factory):
       after step 3, as a slow step would: two more such steps and the 35 s kept free (--stop-margin) cannot
       fit before the walltime, whatever the machine's speed, so the run stops after step 4 with a checkpoint,
       and the job submits its follow-up, which finishes the run;
-    - "qdel": 04_ddp.pbs, deleted with qdel once its step-2 checkpoint is there.
+    - "qdel": 04_ddp.pbs, deleted with qdel once its first checkpoint is there (a checkpoint every step).
     """
     walltime = submit(pbs, course, "walltime", (f"select=1:ncpus=1:mem=2gb:host={HEAD}", "walltime=00:02:00"), {
         "COURSE_ARGS": f"{LONG_RUN} --stop-margin 35 --fault stall --fault-step 3 --fault-seconds 30 "
                        f"--save checkpoints/walltime.pt --run-name walltime", **TWO_ON_ONE_CPU})
     deleted = submit(pbs, course, "qdel", ("select=1:ncpus=1:mem=2gb", "walltime=00:10:00"), {
         "COURSE_ARGS": f"{LONG_RUN} --checkpoint-every 1 --run-name qdel", **TWO_ON_ONE_CPU})
+    deadline = time.monotonic() + JOB_SECONDS
+    folder = course / "checkpoints" / f"qdel-{deleted}"
+    while not checkpoints_in(folder) and job_state(pbs, deleted) != "F" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert checkpoints_in(folder), f"the qdel job wrote no checkpoint: {job_state(pbs, deleted)}"
+    assert pbs_as_root(pbs, "qdel", deleted).returncode == 0  # a step or two in, of 120
     reference = tmp_path_factory.mktemp("reference")
     done = subprocess.run([f"{pbs['PBS_JOB_VENV']}/bin/python", "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", "scripts/step4_ddp.py", *LONG_RUN.split(), "--checkpoint-dir",
@@ -528,12 +534,6 @@ def stopped_jobs(pbs, course, tmp_path_factory):
                           cwd=course, env={**clean_environment(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
                           capture_output=True, text=True, timeout=JOB_SECONDS)
     assert done.returncode == 0, done.stderr[-3000:]
-    deadline = time.monotonic() + JOB_SECONDS
-    step_2 = course / "checkpoints" / f"qdel-{deleted}" / "checkpoint-00000002.pt"
-    while not step_2.exists() and job_state(pbs, deleted) != "F" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert step_2.exists(), f"the qdel job wrote no step-2 checkpoint: {job_state(pbs, deleted)}"
-    assert pbs_as_root(pbs, "qdel", deleted).returncode == 0
     while (job_state(pbs, deleted) != "F" or jobs_named(pbs, "walltime")) and time.monotonic() < deadline:
         time.sleep(1)
     assert not jobs_named(pbs, "walltime"), f"the walltime chain was still running after {JOB_SECONDS} s"
