@@ -171,14 +171,14 @@ course_run() {
 #   sends SIGTERM to the run's processes too, and they stop with a checkpoint.
 course_train() {
     local start=$SECONDS status=0 pid last
-    if [[ -n ${COURSE_LIMIT_TEXT:-} ]]; then echo "== time limit: $COURSE_LIMIT_TEXT"; fi
-    echo "== running: $*"
     mkdir -p "$COURSE_CHECKPOINT_DIR"
     rm -f "$COURSE_CHECKPOINT_DIR/STOP" "$COURSE_CHECKPOINT_DIR/STOPPED"  # news of an earlier job is old
     COURSE_SIGTERM_AT=""
+    trap 'COURSE_SIGTERM_AT=${COURSE_SIGTERM_AT:-$SECONDS}' TERM
     trap 'course_ask_to_stop' USR1
     [[ -z $COURSE_STOP_ASKED ]] || course_ask_to_stop
-    trap 'COURSE_SIGTERM_AT=${COURSE_SIGTERM_AT:-$SECONDS}' TERM
+    if [[ -n ${COURSE_LIMIT_TEXT:-} ]]; then echo "== time limit: $COURSE_LIMIT_TEXT"; fi
+    echo "== running: $*"
     "$@" &
     pid=$!
     while :; do
