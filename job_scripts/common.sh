@@ -207,14 +207,16 @@ course_ask_to_stop() {
 # folder: the reason and the step), the job continues by itself where the reason was the
 # time limit: PBS submits a follow-up job that resumes from the folder
 # (scripts/tools/resubmit.py: qsub -W depend=afterany:<this job>); Slurm requeues this job
-# (scontrol requeue: the same id, so the same folder). A run that finished or failed leaves
-# no note, so nothing follows it: a bad input never loops, and every job of a chain trains
-# at least one step (the run writes no note without one).
+# (scontrol requeue: the same id, so the same folder); not where site.sh says COURSE_CONTINUE=no.
+# A run that finished or failed leaves no note, so nothing follows it: a bad input never loops,
+# and every job of a chain trains at least one step (the run writes no note without one).
 course_continue() {
     local reason step
     [[ -f $COURSE_CHECKPOINT_DIR/STOPPED ]] || return 0
     read -r reason step <"$COURSE_CHECKPOINT_DIR/STOPPED"
-    if [[ -n ${PBS_JOBID:-} ]]; then
+    if [[ $COURSE_CONTINUE != yes ]]; then
+        :  # the site chains its jobs itself (job_scripts/site.sh)
+    elif [[ -n ${PBS_JOBID:-} ]]; then
         if [[ $reason == time-budget ]] || { [[ $reason == SIGTERM ]] && course_past_walltime; }; then
             python scripts/tools/resubmit.py "$COURSE_CHECKPOINT_DIR"
             return
