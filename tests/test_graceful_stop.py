@@ -26,6 +26,9 @@ from machinery.errors import CourseError
 
 # 2 epochs of 6 steps, 32 images per rank and step; a checkpoint every 4 steps and at each epoch's end.
 RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4)
+# After SIGTERM, a process that has not stopped within the grace period ends itself (SIGALRM). A scheduler's
+# grace, as the jobs pass it, so that however loaded the machine, the stop below has all the time it needs.
+GRACE = ("--grace-period", 60)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def test_a_signal_to_torchrun_stops_every_rank_after_the_same_step_and_the_run_r
     torchrun passes it on, the ranks agree to stop after step 9 (the agreement is read one step later), and
     step 9's checkpoint holds both ranks. The same command with --resume then finishes the run."""
     command = (*RUN, *run_outputs(tmp_path, "stopped"), "--resume", "--fault", fault, "--fault-rank", 1,
-               "--fault-step", 8)
+               "--fault-step", 8, *GRACE)
     stopped = run_torchrun("step4_ddp.py", *command)
     assert stopped.returncode != 0, stopped.stdout  # torchrun itself ends with status 1 after a signal
     assert f"fault drill: rank 1 sends {name} to torchrun after step 8" in stopped.stdout
@@ -75,7 +78,7 @@ def test_a_signal_to_torchrun_stops_every_rank_after_the_same_step_and_the_run_r
 def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_evaluation(uninterrupted, tmp_path):
     """Asked during step 5 of a 6-step epoch: the stop lands on step 6, the epoch's last, so the epoch's
     evaluation and checkpoint come first; a single process signals itself."""
-    command = (*RUN, *run_outputs(tmp_path, "epoch-end"), "--resume", "--fault", "sigterm", "--fault-step", 5)
+    command = (*RUN, *run_outputs(tmp_path, "epoch-end"), "--resume", "--fault", "sigterm", "--fault-step", 5, *GRACE)
     stopped = run_python("step1_baseline.py", *command)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout + stopped.stderr
     assert "fault drill: rank 0 sends SIGTERM to itself after step 5" in stopped.stdout
@@ -197,7 +200,7 @@ def test_durations_read_as_a_scheduler_writes_them():
 
 def test_start_over_moves_an_unfinished_run_aside_and_starts_fresh(uninterrupted, tmp_path):
     command = (*RUN, *run_outputs(tmp_path, "again"))
-    stopped = run_python("step1_baseline.py", *command, "--fault", "sigterm", "--fault-step", 3)
+    stopped = run_python("step1_baseline.py", *command, "--fault", "sigterm", "--fault-step", 3, *GRACE)
     assert stopped.returncode == 128 + signal.SIGTERM
     folder = tmp_path / "again-checkpoints"
     kept = {path.name: path.read_bytes() for path in checkpoints.checkpoints_in(folder)}
@@ -220,12 +223,15 @@ def test_start_over_and_resume_exclude_each_other():
     assert done.returncode == 2 and "--start-over and --resume exclude each other" in done.stderr
 
 
-def test_a_stuck_process_ends_itself_before_the_schedulers_sigkill(tmp_path):
+@pytest.mark.parametrize("grace", [("--grace-period", "3"), ()], ids=["grace-period", "none-given"])
+def test_a_stuck_process_ends_itself_after_sigterm(tmp_path, grace):
     """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes, as in a hung
-    collective): one second before the SIGKILL that --grace-period announces, it ends itself (SIGALRM). On PBS
-    the SIGKILL reaches torchrun, not its workers (their own sessions): without this they would outlive the job."""
+    collective): it ends itself (SIGALRM), as SIGTERM alone would have ended it. With --grace-period, one second
+    before the SIGKILL that it announces (on PBS that SIGKILL reaches torchrun, not its workers, which live in
+    sessions of their own: without this they would outlive the job); without, 10 s on (torchrun would wait 30 s
+    before its SIGKILL, and only then restart the group)."""
     command = [PYTHON, str(SCRIPTS / "step1_baseline.py"), *map(str, RUN), *map(str, run_outputs(tmp_path, "stuck")),
-               "--grace-period", "3", "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
+               *grace, "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
     stuck = subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     for line in stuck.stdout:

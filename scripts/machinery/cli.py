@@ -178,7 +178,7 @@ def run(main, argv=None):
         if launch_checks.is_stale_restart_store(error):
             print(f"error: {launch_checks.STALE_STORE_HINT}", file=sys.stderr, flush=True)
             sys.exit(1)
-        if not stragglers.is_collective_failure(error):
+        if not is_collective_failure(error):
             raise
         explained = stragglers.explain(error) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
         rank = os.environ.get("RANK", "0")
@@ -191,6 +191,16 @@ def run(main, argv=None):
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def is_collective_failure(error):
+    """A collective that failed because a peer stalled or died (stragglers.py), or one that gloo failed because an
+    earlier collective on the same connection timed out: the graceful stop's agreement at a step boundary
+    (graceful_stop.py) is often the first to wait for a stalled rank, and the step's own collective then fails
+    with "Application timeout caused pair closure"."""
+    from . import stragglers
+
+    return stragglers.is_collective_failure(error) or "Application timeout caused pair closure" in str(error)
 
 
 def number_in(argv, flag, kind, default):

@@ -38,6 +38,7 @@ from .output_paths import display_path
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 received = []  # the signals this process got, in order: a handler only appends here
 GRACE = []  # --grace-period, once known: how long after SIGTERM the scheduler sends SIGKILL
+ACTIVE = []  # the GracefulStop of this process, once a Trainer has one: how long its steps and checkpoints take
 
 REQUEST_FILE = "STOP"  # in the checkpoint folder: "stop at the next step" (the Slurm jobs write it)
 NOTE_FILE = "STOPPED"  # in the checkpoint folder: "<reason> <step>", written by rank 0 after a stop
@@ -57,9 +58,12 @@ class Stopped(Exception):
 def install_handlers(grace=None):
     """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once.
 
-    ``grace`` (--grace-period): a process that has not stopped one second before the scheduler's SIGKILL
-    is due ends itself (SIGALRM). On PBS the SIGKILL reaches torchrun but not its workers, which live in
-    sessions of their own: a worker stuck in a collective would otherwise outlive its job."""
+    SIGTERM also sets a limit: a process that has not stopped by then ends itself (SIGALRM), as SIGTERM alone
+    would have ended it. It is one second before the scheduler's SIGKILL is due, with ``grace``
+    (--grace-period): on PBS that SIGKILL reaches torchrun but not its workers, which live in sessions of
+    their own, so a worker stuck in a collective would otherwise outlive its job. Without it, the limit is
+    ``stuck_after()``: a rank stuck where no step ends (a collective whose peer died, a hung file system) is
+    not kept waiting for torchrun's SIGKILL, 30 s later, before its group can restart."""
     GRACE[:] = [grace] if grace else []
     for number in SIGNALS:
         signal.signal(number, on_signal)
@@ -68,9 +72,17 @@ def install_handlers(grace=None):
 def on_signal(number, frame):
     if number == signal.SIGINT and signal.SIGINT in received:
         raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step to end
-    if number == signal.SIGTERM and GRACE and number not in received:
-        signal.alarm(max(1, int(GRACE[0]) - 1))  # SIGALRM's default action ends the process
+    if number == signal.SIGTERM and number not in received:
+        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else stuck_after())  # SIGALRM's default: the end
     received.append(number)
+
+
+def stuck_after():
+    """Seconds after SIGTERM by which a run that is not stuck has stopped: three of its longest steps and two of
+    its longest checkpoints, and never less than 10 s."""
+    if not ACTIVE:
+        return 10
+    return max(10, int(3 * ACTIVE[-1].longest_step + 2 * ACTIVE[-1].longest_checkpoint) + 1)
 
 
 def job_start():
@@ -141,6 +153,7 @@ class GracefulStop(Callback):
         self.pending = NOTHING  # an agreed stop that waits for the epoch's end
         self.save = checkpointing.save
         checkpointing.save = self.timed_save  # every checkpoint is timed, and its step noted
+        ACTIVE.append(self)
 
     def timed_save(self, trainer):
         started = time.perf_counter()
@@ -182,7 +195,7 @@ class GracefulStop(Callback):
             start, _ = job_start()
             raise CourseError(
                 f"--stop-after {clock(self.args.stop_after)} leaves no time for a step: {self.clock_start} "
-                f"{time.time() - start:.0f} s ago, and a stop keeps {self.args.stop_margin:g} s (--stop-margin) and "
+                f"{time.time() - start:.1f} s ago, and a stop keeps {self.args.stop_margin:g} s (--stop-margin) and "
                 f"about {self.longest_checkpoint:.1f} s for a checkpoint; ask for a longer walltime")
 
     # ------------------------------------------------------------ at each step boundary
