@@ -75,6 +75,23 @@ def test_a_signal_to_torchrun_stops_every_rank_after_the_same_step_and_the_run_r
     assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["ddp"])
 
 
+def test_a_signal_to_one_rank_alone_stops_every_rank_after_the_same_step(uninterrupted, tmp_path):
+    """SIGTERM to rank 1 alone (as `kill` of one worker sends it): rank 0 learns of it only from the ranks'
+    agreement, yet stops after the same step, and writes the checkpoint of it with both ranks' state."""
+    command = (*RUN, *run_outputs(tmp_path, "one-rank"), "--resume", "--fault", "sigterm-rank", "--fault-rank", 1,
+               "--fault-step", 8, *GRACE)
+    stopped = run_torchrun("step4_ddp.py", *command)
+    assert "fault drill: rank 1 sends SIGTERM to itself after step 8" in stopped.stdout
+    # Rank 0 prints the line: it stopped too, at the step rank 1 stopped at.
+    assert stop_lines(stopped)[0].startswith("stopped at step 9 (SIGTERM), checkpoint written"), stopped.stdout
+    assert "error:" not in stopped.stderr  # no rank was left waiting for the other
+    state = newest_checkpoint(tmp_path / "one-rank-checkpoints")
+    assert (state["global_step"], len(state["ranks"])) == (9, 2)
+
+    assert_ok(run_torchrun("step4_ddp.py", *command))
+    assert_same_weights(saved_weights(tmp_path, "one-rank"), uninterrupted["ddp"])
+
+
 def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_evaluation(uninterrupted, tmp_path):
     """Asked during step 5 of a 6-step epoch: the stop lands on step 6, the epoch's last, so the epoch's
     evaluation and checkpoint come first; a single process signals itself."""

@@ -117,11 +117,13 @@ def build_parser(description):
                            "Slurm: KillWait); checked before training against the time a checkpoint takes")
 
     drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
-    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint"], default=None,
+    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint", "sigterm-rank"],
+                       default=None,
                        help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
                             "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint; sigterm, sigint: "
                             "send SIGTERM (as a scheduler does) or SIGINT (Ctrl-C) to torchrun, or without it to "
-                            "this process, so that the run stops after the next step with a checkpoint. "
+                            "this process, so that the run stops after the next step with a checkpoint; "
+                            "sigterm-rank: SIGTERM to this rank alone. "
                             "Only in a run's first attempt: a group torchrun restarts does not repeat it "
                             "(but see --fault-every-attempt)")
     drill.add_argument("--fault-rank", type=int, default=0, help="the rank the fault hits (default 0)")

@@ -9,7 +9,8 @@ only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or uns
 restarts the group, training goes on past the same step. ``sigterm`` and ``sigint`` stop a run the way
 a scheduler (SIGTERM) and Ctrl-C (SIGINT) do: the rank sends the signal to torchrun, which passes it on to
 every worker (without torchrun, to itself), and waits until it has come back, so that the run stops after
-the very next step (graceful_stop.py). With ``--fault-every-attempt`` it strikes in
+the very next step (graceful_stop.py); ``sigterm-rank`` sends SIGTERM to its own rank alone, which the
+others learn of only from the ranks' agreement. With ``--fault-every-attempt`` it strikes in
 every attempt but the last one torchrun's --max-restarts allows, each one step later than the attempt
 before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
 is SIGKILL, as the kernel's out-of-memory killer sends it.
@@ -65,15 +66,15 @@ class StrikeAfterStep(Callback):
         if args.fault == "stall":
             print(f"fault drill: rank {rank} stalls for {args.fault_seconds:.0f} s after step {step}", flush=True)
             time.sleep(args.fault_seconds)
-        if args.fault in ("sigterm", "sigint"):
-            self.signal_the_launcher(signal.SIGTERM if args.fault == "sigterm" else signal.SIGINT, step)
+        if args.fault in ("sigterm", "sigint", "sigterm-rank"):
+            number = signal.SIGINT if args.fault == "sigint" else signal.SIGTERM
+            self.signal(number, step, to_torchrun=args.fault != "sigterm-rank" and "TORCHELASTIC_RUN_ID" in os.environ)
 
-    def signal_the_launcher(self, number, step):
-        """Send ``number`` to torchrun (or to this process without it), and wait until it has come back."""
-        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-        print(f"fault drill: rank {self.rank} sends {number.name} to {'torchrun' if under_torchrun else 'itself'} "
+    def signal(self, number, step, to_torchrun):
+        """Send ``number`` to torchrun, or to this process alone, and wait until it has come back."""
+        print(f"fault drill: rank {self.rank} sends {number.name} to {'torchrun' if to_torchrun else 'itself'} "
               f"after step {step}", flush=True)
-        os.kill(os.getppid() if under_torchrun else os.getpid(), number)
+        os.kill(os.getppid() if to_torchrun else os.getpid(), number)
         deadline = time.monotonic() + self.timeout
         while number not in graceful_stop.received and time.monotonic() < deadline:
             time.sleep(0.01)  # torchrun passes it on within a moment
