@@ -119,9 +119,11 @@ def test_a_site_that_refuses_jobs_from_jobs_gets_the_command_to_type(tmp_path):
 # ---------------------------------------------------------------- course_train and course_continue under bash
 
 # A stand-in for the training run: it waits (at most a minute) for a file to appear in its checkpoint folder
-# (STOP: the job shell's stop request; GO: the test's go-ahead), if it is given one, then leaves the note a
-# run leaves when it stopped early (machinery/graceful_stop.py), if it is given one, and exits 0.
+# (STOP: the job shell's stop request; GO: the test's go-ahead), if it is given one, and fails if none came;
+# then it leaves the note a run leaves when it stopped early (machinery/graceful_stop.py), if it is given
+# one, and exits 0.
 RUN = '''bash -c 'for _ in $(seq 600); do [[ -z "$1" || -f "$0/$1" ]] && break; sleep 0.1; done
+[[ -z "$1" || -f "$0/$1" ]] || exit 1
 [[ -z "$2" ]] || echo "$2" > "$0/STOPPED"' "$COURSE_CHECKPOINT_DIR"'''
 
 
