@@ -8,6 +8,15 @@ course_fail() {
 }
 
 [[ -f job_scripts/site.sh ]] || course_fail "run from the course directory ($PWD has no job_scripts/site.sh)"
+
+# When the job started: the clock of the walltime, which the training scripts' --stop-after counts
+# from (scripts/machinery/graceful_stop.py). A multi-node job hands it to its other nodes.
+: "${COURSE_JOB_START:=$(date +%s)}"
+export COURSE_JOB_START
+# Slurm's warning (--signal=B:USR1@...) may come up to a minute early, even before the run starts:
+# noted here, it becomes the run's stop request in course_train (USR1 would end the shell otherwise).
+COURSE_STOP_ASKED=""
+trap 'COURSE_STOP_ASKED=1' USR1
 # shellcheck source=job_scripts/site.sh
 source job_scripts/site.sh
 
@@ -26,8 +35,8 @@ read -r -a COURSE_LAUNCH_ARG_LIST <<<"${COURSE_LAUNCH_ARGS:-}"
 # checkpoints/<job name>-<job id> by default, so that a job the scheduler runs again
 # under the same id (PBS: qrerun, a node failure; Slurm: requeue) continues from its
 # last checkpoint, as does a worker group that torchrun restarts (scripts/tools/launch.py
-# --max-restarts). To continue a job that ran out of walltime, submit it again with its
-# folder: qsub -v COURSE_CHECKPOINT_DIR=checkpoints/ddp04_ddp-1234.server JOB
+# --max-restarts), and a follow-up job (course_continue, below) that is given the folder:
+# qsub -v COURSE_CHECKPOINT_DIR=checkpoints/ddp04_ddp-1234.server JOB
 # (the same COURSE_ARGS, or the checkpoint is refused as another run's).
 course_checkpoint_dir() {
     local name=${PBS_JOBNAME:-${SLURM_JOB_NAME:-job}} id=${PBS_JOBID:-${SLURM_JOB_ID:-$$}}
@@ -58,6 +67,40 @@ course_setup() {
     for name in "${!before[@]}"; do
         [[ -v $name ]] || COURSE_SETUP_REMOVED+=("$name")
     done
+    course_read_time_limit
+}
+
+# The job's time limit, as flags for the training script, before COURSE_ARGS (which can
+# override them). The run stops with a checkpoint before the limit, and the job continues
+# in a follow-up job (course_continue):
+# - PBS sends no warning before the walltime, so the run is given the walltime itself
+#   (--stop-after; qstat -f: Resource_List.walltime) and stops --stop-margin seconds (30)
+#   plus a step and a checkpoint before it;
+# - Slurm sends the job shell SIGUSR1 ahead of the limit (the jobs' #SBATCH --signal=B:USR1@...);
+#   course_run turns it into a stop request for the run.
+# Both: --grace-period, the seconds between the scheduler's SIGTERM (qdel, scancel, the
+# limit) and its SIGKILL (PBS: the queue's kill_delay, 10 by default; Slurm: KillWait), which
+# the run checks a checkpoint fits in.
+course_read_time_limit() {
+    local walltime="" grace=""
+    COURSE_LIMIT_ARG_LIST=() COURSE_LIMIT_TEXT=""
+    if [[ -n ${PBS_JOBID:-} ]] && command -v qstat >/dev/null; then
+        walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}')
+        grace=$(qstat -Qf "${PBS_QUEUE:-}" 2>/dev/null | awk '$1 == "kill_delay" {print $3}')
+        grace=${grace:-10}  # OpenPBS's default kill_delay (pbs_queue_attributes(7B))
+        if [[ -n $walltime ]]; then
+            COURSE_LIMIT_ARG_LIST+=(--stop-after "$walltime")
+            COURSE_LIMIT_TEXT="walltime $walltime (qstat -f): the run stops with a checkpoint before it, and the job submits its follow-up"
+        fi
+        COURSE_LIMIT_TEXT+="${COURSE_LIMIT_TEXT:+; }SIGTERM to SIGKILL: $grace s (the queue's kill_delay)"
+    elif [[ -n ${SLURM_JOB_ID:-} ]] && command -v scontrol >/dev/null; then
+        grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
+        COURSE_LIMIT_TEXT="SIGUSR1 ahead of it (--signal=B:USR1@...) asks the run to stop with a checkpoint, and the job requeues itself${grace:+; SIGTERM to SIGKILL: $grace s (KillWait)}"
+    fi
+    [[ -z $grace ]] || COURSE_LIMIT_ARG_LIST+=(--grace-period "$grace")
+    # shellcheck disable=SC2034  # used by the job scripts that source this file
+    COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_LIMIT_ARG_LIST[@]}"
+        "${COURSE_ARG_LIST[@]}")
 }
 
 # Write what course_setup changed, and the umask, as a script that another node sources.
@@ -67,6 +110,7 @@ course_save_setup() {
         echo "# The environment job_scripts/site.sh set up in the job shell on $(hostname)."
         for name in "${COURSE_SETUP_CHANGED[@]}"; do printf 'export %s=%q\n' "$name" "${!name}"; done
         for name in "${COURSE_SETUP_REMOVED[@]}"; do printf 'unset %s\n' "$name"; done
+        printf 'export COURSE_JOB_START=%q\n' "$COURSE_JOB_START"
         echo "umask $(umask)"
     } > "$1"
 }
@@ -109,11 +153,87 @@ print(f"== torch {torch.__version__}, built for CUDA {torch.version.cuda}; GPUs 
 ' || course_fail "python could not import torch; check the environment set up by job_scripts/site.sh"
 }
 
-# Run the training command; report and return its exit status (the job's, under set -e).
+# Run a command; report and return its exit status (the job's, under set -e).
 course_run() {
     local start=$SECONDS status=0
     echo "== running: $*"
     "$@" || status=$?
     echo "== exit status $status after $((SECONDS - start)) s"
     return "$status"
+}
+
+# Run the training command as course_run does, then continue the job if the run stopped early
+# (course_continue). The command runs in the background, so that a signal to the job shell is
+# handled at once:
+# - SIGUSR1 (Slurm's warning, #SBATCH --signal=B:USR1@...): a stop request for the run, the
+#   file STOP in its checkpoint folder, which rank 0 looks for at every step boundary;
+# - SIGTERM (qdel, scancel, the limit itself): noted, for course_continue; the scheduler
+#   sends SIGTERM to the run's processes too, and they stop with a checkpoint.
+course_train() {
+    local start=$SECONDS status=0 pid last
+    mkdir -p "$COURSE_CHECKPOINT_DIR"
+    rm -f "$COURSE_CHECKPOINT_DIR/STOP" "$COURSE_CHECKPOINT_DIR/STOPPED"  # news of an earlier job is old
+    COURSE_SIGTERM_AT=""
+    trap 'COURSE_SIGTERM_AT=${COURSE_SIGTERM_AT:-$SECONDS}' TERM
+    trap 'course_ask_to_stop' USR1
+    [[ -z $COURSE_STOP_ASKED ]] || course_ask_to_stop
+    if [[ -n ${COURSE_LIMIT_TEXT:-} ]]; then echo "== time limit: $COURSE_LIMIT_TEXT"; fi
+    echo "== running: $*"
+    "$@" &
+    pid=$!
+    while :; do
+        wait "$pid" && status=0 || status=$?
+        # A trap interrupts wait with 128 + its signal while the command goes on: wait again.
+        if ((status <= 128)) || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    done
+    if ((status > 128)); then  # the command may have ended just as a trap interrupted wait
+        last=0
+        wait "$pid" 2>/dev/null || last=$?
+        ((last == 127)) || status=$last  # 127: the wait above had its status already
+    fi
+    trap 'COURSE_STOP_ASKED=1' USR1  # too late for this run: noted, and ignored
+    trap - TERM
+    echo "== exit status $status after $((SECONDS - start)) s"
+    course_continue || status=$?
+    return "$status"
+}
+
+course_ask_to_stop() {
+    echo "== SIGUSR1: the time limit is near; asking the run to stop (touch $COURSE_CHECKPOINT_DIR/STOP)"
+    touch "$COURSE_CHECKPOINT_DIR/STOP"
+}
+
+# After a run that stopped early with a checkpoint (its note, STOPPED in the checkpoint
+# folder: the reason and the step), the job continues by itself where the reason was the
+# time limit: PBS submits a follow-up job that resumes from the folder
+# (scripts/tools/resubmit.py: qsub -W depend=afterany:<this job>); Slurm requeues this job
+# (scontrol requeue: the same id, so the same folder); not where site.sh says COURSE_CONTINUE=no.
+# A run that finished or failed leaves no note, so nothing follows it: a bad input never loops,
+# and every job of a chain trains at least one step (the run writes no note without one).
+course_continue() {
+    local reason step
+    [[ -f $COURSE_CHECKPOINT_DIR/STOPPED ]] || return 0
+    read -r reason step <"$COURSE_CHECKPOINT_DIR/STOPPED"
+    if [[ $COURSE_CONTINUE != yes ]]; then
+        :  # the site chains its jobs itself (job_scripts/site.sh)
+    elif [[ -n ${PBS_JOBID:-} ]]; then
+        if [[ $reason == time-budget ]] || { [[ $reason == SIGTERM ]] && course_past_walltime; }; then
+            python scripts/tools/resubmit.py "$COURSE_CHECKPOINT_DIR"
+            return
+        fi
+    elif [[ -n ${SLURM_JOB_ID:-} && ($reason == stop-request || $reason == SIGUSR1) ]]; then
+        echo "== requeued: job $SLURM_JOB_ID continues from $COURSE_CHECKPOINT_DIR (scontrol requeue)"
+        scontrol requeue "$SLURM_JOB_ID"
+        return
+    fi
+    echo "== stopped at step $step ($reason), not continued: resubmit with COURSE_CHECKPOINT_DIR=$COURSE_CHECKPOINT_DIR to go on"
+}
+
+# True when the job's SIGTERM came at the walltime (qdel before it is the user's wish to stop).
+course_past_walltime() {
+    local walltime seconds=0 part
+    walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}')
+    [[ -n $walltime && -n $COURSE_SIGTERM_AT ]] || return 1
+    for part in ${walltime//:/ }; do seconds=$((seconds * 60 + 10#$part)); done
+    ((COURSE_SIGTERM_AT + $(date +%s) - SECONDS - COURSE_JOB_START + 5 >= seconds))
 }

@@ -27,6 +27,12 @@
 : "${COURSE_VENV=.venv}"
 : "${COURSE_CONDA_ENV=ddp-course}"
 
+# A job whose run stopped at its time limit continues by itself (docs/running_on_a_cluster.md):
+# PBS jobs submit their follow-up with qsub, Slurm jobs requeue themselves. Where jobs may not
+# submit jobs (PBS: "qsub: Bad UID for job execution" from a compute node), set "no" and chain
+# the jobs from the login node instead, as the guide shows.
+: "${COURSE_CONTINUE=yes}"
+
 # The JupyterLab jobs (jupyter.pbs, jupyter.sbatch): stop the server, ending the job and
 # freeing its GPUs, after this many seconds with no kernel running and no one using it
 # (0: run until the walltime). Jupyter checks once a minute.

@@ -14,6 +14,8 @@ from cluster_helpers import LAUNCHER, REPO, SHORT_RUN, clean_environment, job_id
 launch = load_launcher()
 SCRIPT = "scripts/step4_ddp.py"
 TORCHRUN = ["python", "-m", "torch.distributed.run"]
+# torchrun passes these on to the workers, which stop with a checkpoint on SIGTERM, SIGINT and SIGUSR1.
+SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +47,7 @@ def test_pbs_two_nodes_second_node(tmp_path):
     port = launch.job_port("4242.pbs01")
     assert command_for(env) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu01:{port}",
-        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SCRIPT, "--epochs", "1",
+        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1",
     ]
 
 
@@ -107,7 +109,7 @@ def test_pbs_two_tasks_on_one_host_are_refused(tmp_path):
 
 def test_pbs_one_node_is_a_standalone_torchrun(tmp_path):
     env = {"PBS_JOBID": "8.srv", "PBS_NODEFILE": nodefile(tmp_path, *["gpu05"] * 8), "NGPUS": "4", "NCPUS": "32"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3", SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1"]
 
 
 @pytest.mark.parametrize("ncpus, expected", [("16", 4), ("2", 2), ("1", 1)])
@@ -206,7 +208,7 @@ def test_slurm_two_nodes():
     port = launch.job_port("777")
     assert command_for(SLURM_STEP) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu07:{port}",
-        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SCRIPT, "--epochs", "1",
+        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1",
     ]
 
 
@@ -219,7 +221,7 @@ def test_slurm_cpu_node():
 
 def test_slurm_one_node_in_the_batch_script():
     env = {"SLURM_JOB_ID": "778", "SLURM_JOB_NODELIST": "gpu03", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "2"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3", SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1"]
 
 
 def test_slurm_several_nodes_need_srun():
@@ -250,7 +252,7 @@ def test_no_scheduler_is_a_standalone_torchrun():
     command = command_for({})
     assert command[:5] == TORCHRUN + ["--standalone", "--nnodes=1"]
     assert command[5] in {f"--nproc-per-node={n}" for n in range(1, launch.CPU_PROCS_CAP + 1)}
-    assert command[6:] == ["--max-restarts=3", SCRIPT, "--epochs", "1"]
+    assert command[6:] == ["--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1"]
 
 
 def test_the_port_is_tied_to_the_job():

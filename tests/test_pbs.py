@@ -27,6 +27,7 @@ test_every_pbs_job_has_an_entry fails. An entry is a Submission:
   check      optionally, a function(log, record) with more asserts
 Then `sudo bash .ci/start_pbs.sh; .venv/bin/python -m pytest tests/test_pbs.py`.
 """
+import json
 import re
 import shlex
 import shutil
@@ -37,10 +38,13 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 
 from cluster_helpers import (
-    JOB_SCRIPTS, STAND_INS, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record, wait_for_file,
+    JOB_SCRIPTS, STAND_INS, clean_environment, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record,
+    wait_for_file,
 )
+from machinery.checkpoints import checkpoints_in
 from data_makers import write_image_folder, write_resnet18_weights
 
 SETUP, NO_PBS = pbs_setup()
@@ -497,3 +501,119 @@ def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
     assert f"resumed from checkpoints/rerun_test-{job_id}/checkpoint-00000002.pt: epoch 1, 2 of" in log, log
     record = read_record(course / "results" / "rerun.json")
     assert record["resumed_at_step"] == 2 and record["world_size"] == 2
+
+
+# ---------------------------------------------------------------- the walltime, and qdel: nothing lost
+
+# 2 epochs of 60 steps of the Net in 2 processes, one thread each: the run both jobs below train, and the
+# reference they must end with, bit for bit.
+LONG_RUN = "--epochs 2 --max-steps 60 --batch-size 32 --threads 1"
+TWO_ON_ONE_CPU = {"COURSE_LAUNCH_ARGS": "--nproc-per-node 2"}
+
+
+def job_state(pbs, job_id):
+    """'Q', 'R', 'E', 'H', ... or 'F' (finished, from the job history)."""
+    answer = pbs_as_root(pbs, "qstat", "-x", "-f", "-F", "json", job_id)
+    jobs = json.loads(answer.stdout).get("Jobs", {}) if answer.returncode == 0 and answer.stdout.strip() else {}
+    return next(iter(jobs.values()), {}).get("job_state", "F")
+
+
+def jobs_named(pbs, name):
+    """The ids of the jobs called ``name`` that are queued, held or running."""
+    answer = pbs_as_root(pbs, "qstat", "-f", "-F", "json")
+    jobs = json.loads(answer.stdout).get("Jobs", {}) if answer.returncode == 0 and answer.stdout.strip() else {}
+    return [job_id for job_id, job in jobs.items() if job.get("Job_Name") == name]
+
+
+def submit(pbs, course, name, resources, variables):
+    words = ["qsub", "-N", name, *[part for resource in resources for part in ("-l", resource)],
+             "-v", ",".join(f"{key}={value}" for key, value in variables.items()), "-o", f"{course}/logs/{name}.log",
+             "job_scripts/04_ddp.pbs"]
+    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && {shlex.join(words)}")
+    assert answer.returncode == 0, answer.stderr
+    return answer.stdout.strip()
+
+
+def logs_of(course, name):
+    """The chain's logs in order: FILE, then FILE.part2, FILE.part3, ... (scripts/tools/resubmit.py)."""
+    first = course / "logs" / f"{name}.log"
+    parts = sorted(course.glob(f"logs/{name}.log.part*"), key=lambda path: int(path.name.rsplit("part", 1)[1]))
+    return [wait_for_file(path) or "" for path in [first, *parts]]
+
+
+@pytest.fixture(scope="module")
+def stopped_jobs(pbs, course, tmp_path_factory):
+    """Two jobs at once, and the reference run meanwhile:
+
+    - "walltime": 04_ddp.pbs with a walltime of 2 minutes, on the PBS server's host (this vanilla PBS takes
+      jobs only from there, as flatuid is off, and the job submits its follow-up itself). Rank 0 stalls 30 s
+      after step 3, as a slow step would: two more such steps and the 35 s kept free (--stop-margin) cannot
+      fit before the walltime, whatever the machine's speed, so the run stops after step 4 with a checkpoint,
+      and the job submits its follow-up, which finishes the run;
+    - "qdel": 04_ddp.pbs, deleted with qdel once its first checkpoint is there (a checkpoint every step).
+    """
+    walltime = submit(pbs, course, "walltime", (f"select=1:ncpus=1:mem=2gb:host={HEAD}", "walltime=00:02:00"), {
+        "COURSE_ARGS": f"{LONG_RUN} --stop-margin 35 --fault stall --fault-step 3 --fault-seconds 30 "
+                       f"--save checkpoints/walltime.pt --run-name walltime", **TWO_ON_ONE_CPU})
+    deleted = submit(pbs, course, "qdel", ("select=1:ncpus=1:mem=2gb", "walltime=00:10:00"), {
+        "COURSE_ARGS": f"{LONG_RUN} --checkpoint-every 1 --run-name qdel", **TWO_ON_ONE_CPU})
+    deadline = time.monotonic() + JOB_SECONDS
+    folder = course / "checkpoints" / f"qdel-{deleted}"
+    while not checkpoints_in(folder) and job_state(pbs, deleted) != "F" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert checkpoints_in(folder), f"the qdel job wrote no checkpoint: {job_state(pbs, deleted)}"
+    assert pbs_as_root(pbs, "qdel", deleted).returncode == 0  # a step or two in, of 120
+    reference = tmp_path_factory.mktemp("reference")
+    done = subprocess.run([f"{pbs['PBS_JOB_VENV']}/bin/python", "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "scripts/step4_ddp.py", *LONG_RUN.split(), "--checkpoint-dir",
+                           str(reference / "checkpoints"), "--results-dir", str(reference), "--save",
+                           str(reference / "reference.pt")],
+                          cwd=course, env={**clean_environment(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+                          capture_output=True, text=True, timeout=JOB_SECONDS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    while (job_state(pbs, deleted) != "F" or jobs_named(pbs, "walltime")) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not jobs_named(pbs, "walltime"), f"the walltime chain was still running after {JOB_SECONDS} s"
+    return {"walltime": walltime, "qdel": deleted, "reference": torch.load(reference / "reference.pt")}
+
+
+def test_a_job_stops_before_its_walltime_submits_its_follow_up_and_the_chain_ends_with_the_same_weights(
+        stopped_jobs, course):
+    logs = logs_of(course, "walltime")
+    assert len(logs) == 2, "\n=====\n".join(logs)
+    first, follow_up = logs
+    folder = f"checkpoints/walltime-{stopped_jobs['walltime']}"
+    assert "== time limit: walltime 00:02:00 (qstat -f)" in first, first
+    stop = re.search(r"^stopped at step (\d+) \(--stop-after 0:02:00 would run out during the next steps\), "
+                     rf"checkpoint written, resumable: the same command with --resume continues from "
+                     rf"{re.escape(folder)}/checkpoint-(\d+)\.pt$", first, re.M)
+    assert stop and stop[1] == "4" and int(stop[2]) == 4, first
+    assert re.search(rf"^== follow-up: job \d+\.\S+ continues from {re.escape(folder)} once job "
+                     rf"{re.escape(stopped_jobs['walltime'])} has ended \(qsub -W depend=afterany:", first, re.M), first
+    assert "exceeded limit" not in first and "== exit status 0 after" in first  # it stopped; PBS killed nothing
+    assert f"resumed from {folder}/checkpoint-00000004.pt: epoch 1, 4 of" in follow_up, follow_up
+    assert "stopped at step" not in follow_up and "== follow-up" not in follow_up  # it finished: the chain ends
+    final = torch.load(course / "checkpoints" / "walltime.pt")
+    assert final.keys() == stopped_jobs["reference"].keys()
+    assert all(torch.equal(final[key], stopped_jobs["reference"][key]) for key in final)
+
+
+def test_qdel_during_training_leaves_a_resumable_checkpoint_of_the_step_it_stopped_at(stopped_jobs, pbs, course):
+    log = logs_of(course, "qdel")[0]
+    folder = course / "checkpoints" / f"qdel-{stopped_jobs['qdel']}"
+    stop = re.search(r"^stopped at step (\d+) \(SIGTERM\), checkpoint written, resumable", log, re.M)
+    assert stop, log
+    step = int(stop[1])
+    assert (folder / "STOPPED").read_text() == f"SIGTERM {step}\n"
+    assert checkpoints_in(folder)[-1].name == f"checkpoint-{step:08d}.pt"
+    assert f"== stopped at step {step} (SIGTERM), not continued" in log and "== follow-up" not in log, log
+    assert not jobs_named(pbs, "qdel")  # qdel means stop: nothing was submitted
+    resumed = subprocess.run([f"{pbs['PBS_JOB_VENV']}/bin/python", "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node=2", "scripts/step4_ddp.py", *LONG_RUN.split(), "--resume",
+                              "--checkpoint-dir", str(folder), "--run-name", "qdel", "--save", "checkpoints/qdel.pt"],
+                             cwd=course, env={**clean_environment(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+                             capture_output=True, text=True, timeout=JOB_SECONDS)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"checkpoint-{step:08d}.pt: epoch " in resumed.stdout
+    final = torch.load(course / "checkpoints" / "qdel.pt")
+    assert all(torch.equal(final[key], stopped_jobs["reference"][key]) for key in final)

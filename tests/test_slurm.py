@@ -17,6 +17,7 @@ import pytest
 
 from cluster_helpers import JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
 from data_makers import write_image_folder, write_resnet18_weights
+from helpers import assert_same_weights, run_torchrun, saved_weights
 
 pytestmark = pytest.mark.skipif(
     shutil.which("sbatch") is None,
@@ -200,3 +201,51 @@ def test_a_requeued_job_resumes_from_its_checkpoint(submitted):
     assert log.count("== job ") == 2, log  # --open-mode=append: both runs in one log
     assert "resumed from " in log and "checkpoint-00000002.pt: epoch 1, 2 of" in log, log
     assert read_record(out / "requeued.json")["resumed_at_step"] == 2
+
+
+# ---------------------------------------------------------------- the time limit: warned, stopped, requeued
+
+def test_a_job_warned_before_its_time_limit_stops_requeues_itself_and_ends_with_the_same_weights(tmp_path):
+    """--time=3 with --signal=B:USR1@90: Slurm warns the job shell 90 s before the limit, or up to 60 s earlier
+    (sbatch(1): "the signal may be sent up to 60 seconds earlier than specified"), so between 30 and 90 s after
+    the start. Rank 0 stalls 90 s after step 3, as a slow step would, so the warning comes while the run trains
+    whatever the machine's speed. The shell asks the run to stop (STOP in its checkpoint folder), the run stops
+    after the next step with a checkpoint, and the job requeues itself; the requeued job resumes from that
+    checkpoint (where its own warning comes before it is done, it stops and requeues again), until the run is
+    complete: with the weights of a run never stopped, bit for bit."""
+    if "UP" not in slurm("scontrol", "ping").stdout:
+        pytest.fail("Slurm is installed but its controller does not answer; start it: sudo bash .ci/start_slurm.sh")
+    partition, node_cpus = default_partition()
+    train = "--epochs 2 --max-steps 10 --batch-size 32 --threads 1"
+    env = clean_environment()
+    env["COURSE_ARGS"] = (f"{train} --fault stall --fault-step 3 --fault-seconds 90 --results-dir {tmp_path} "
+                          f"--run-name warned --save {tmp_path / 'warned.pt'}")
+    folder = tmp_path / "checkpoints" / "warned"
+    env["COURSE_CHECKPOINT_DIR"] = str(folder)
+    result = subprocess.run(["sbatch", "--parsable", f"--partition={partition}", "--gres=none", "--mem=0",
+                             f"--cpus-per-task={min(2, node_cpus)}", "--time=3", "--signal=B:USR1@90",
+                             "--job-name=test-warned", f"--output={tmp_path}/warned.out", "job_scripts/04_ddp.sbatch"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip().split(";")[0]
+    reference = run_torchrun("step4_ddp.py", *train.split(), "--checkpoint-dir", tmp_path / "reference",
+                             "--results-dir", tmp_path / "reference", "--save", tmp_path / "reference.pt", timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    try:
+        deadline = time.monotonic() + 2 * WAIT_SECONDS
+        while job_state(job_id)[0] not in DONE and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        slurm("scancel", job_id)
+    log = (tmp_path / "warned.out").read_text()
+    assert job_state(job_id) == ("COMPLETED", "0:0"), log
+    assert "== time limit: SIGUSR1 ahead of it (--signal=B:USR1@...)" in log, log
+    stops = [int(step) for step in re.findall(
+        rf"^stopped at step (\d+) \(asked by {re.escape(str(folder / 'STOP'))}\), checkpoint written", log, re.M)]
+    resumes = [int(step) for step in re.findall(
+        rf"^resumed from {re.escape(str(folder))}/checkpoint-(\d+)\.pt: epoch", log, re.M)]
+    assert stops and resumes == stops, log  # every requeued job resumed from the step the one before stopped at
+    assert log.count("== SIGUSR1: the time limit is near; asking the run to stop") >= len(stops)
+    assert log.count(f"== requeued: job {job_id} continues from {folder} (scontrol requeue)") == len(stops)
+    assert log.count("== job ") == len(stops) + 1 and "saved the final weights" in log
+    assert_same_weights(saved_weights(tmp_path, "warned"), saved_weights(tmp_path, "reference"))

@@ -32,6 +32,15 @@ def positive_float(text):
     return value
 
 
+def time_budget(text):
+    from .graceful_stop import duration
+
+    try:
+        return duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser(description):
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,15 +105,40 @@ def build_parser(description):
     ckpt.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
                       help="continue from the newest checkpoint in --checkpoint-dir if there is one, else start fresh "
                            "(or from FILE); a run restarted by torchrun always resumes")
+    ckpt.add_argument("--start-over", action="store_true",
+                      help="start a fresh run even where --checkpoint-dir holds an unfinished one: its checkpoints are "
+                           "moved aside into a folder of their own there, never deleted")
+
+    stop = parser.add_argument_group(
+        "stopping early with nothing lost (SIGTERM, SIGINT, SIGUSR1, a STOP file in --checkpoint-dir, or --stop-after: "
+        "every rank stops after the same step, with a checkpoint of it)")
+    stop.add_argument("--stop-after", type=time_budget, default=None, metavar="DURATION",
+                      help="stop with a checkpoint before this much time has passed since the job started "
+                           "(COURSE_JOB_START, which the job scripts set) or, without it, since this run started: "
+                           "seconds or [[H:]M:]S, e.g. the job's walltime")
+    stop.add_argument("--stop-margin", type=positive_float, default=30.0, metavar="SECONDS",
+                      help="with --stop-after: seconds kept free at the end for the processes to exit and the job "
+                           "to submit its follow-up (default 30)")
+    stop.add_argument("--grace-period", type=positive_float, default=None, metavar="SECONDS",
+                      help="the seconds a scheduler waits between its stop signal and SIGKILL (PBS: kill_delay; "
+                           "Slurm: KillWait); checked before training against the time a checkpoint takes")
 
     drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
-    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save"], default=None,
+    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint", "sigterm-rank"],
+                       default=None,
                        help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
-                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint. "
-                            "Only in a run's first attempt: a group torchrun restarts does not repeat it")
+                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint; sigterm, sigint: "
+                            "send SIGTERM (as a scheduler does) or SIGINT (Ctrl-C) to torchrun, or without it to "
+                            "this process, so that the run stops after the next step with a checkpoint; "
+                            "sigterm-rank: SIGTERM to this rank alone. "
+                            "Only in a run's first attempt: a group torchrun restarts does not repeat it "
+                            "(but see --fault-every-attempt)")
     drill.add_argument("--fault-rank", type=int, default=0, help="the rank the fault hits (default 0)")
     drill.add_argument("--fault-step", type=positive_int, default=1, help="the optimizer step after which it hits (default 1)")
     drill.add_argument("--fault-seconds", type=positive_float, default=3600.0, help="how long a stall lasts")
+    drill.add_argument("--fault-every-attempt", action="store_true",
+                       help="strike in every attempt but the last that torchrun's --max-restarts allows, each one "
+                            "step later than the attempt before (--fault-step + the restart count)")
     return parser
 
 
@@ -130,18 +164,27 @@ def parse_args(argv=None, description=None, add_arguments=None):
     if args.warmup_steps and args.lr_scaling == "none":
         parser.error("--warmup-steps ramps the learning rate up to the rate --lr-scaling gives: add --lr-scaling "
                      "linear, or drop --warmup-steps")
+    if args.start_over and args.resume:
+        parser.error("--start-over and --resume exclude each other: --resume continues the run in --checkpoint-dir, "
+                     "--start-over starts a fresh one there (moving its checkpoints aside)")
     return args
 
 
 def run(main, argv=None):
     """Run a script's ``main`` so that a CourseError, or a collective that failed, is one line on stderr
-    and exit status 1, never a traceback."""
+    and exit status 1, never a traceback. Before it: signals only ask for a graceful stop (graceful_stop.py),
+    and a worker group that torchrun restarted meets on a store of its own (launch_checks.py)."""
     import torch.distributed as dist
 
-    from . import launch_checks, stragglers
+    from . import graceful_stop, launch_checks, stragglers
 
+    words = sys.argv[1:] if argv is None else argv
+    graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
     try:
+        launch_checks.meet_on_a_fresh_store(number_in(words, "--timeout", int, 300))
         main(argv)
+    except graceful_stop.Stopped as stopped:
+        graceful_stop.finish(stopped)
     except CourseError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -149,7 +192,7 @@ def run(main, argv=None):
         if launch_checks.is_stale_restart_store(error):
             print(f"error: {launch_checks.STALE_STORE_HINT}", file=sys.stderr, flush=True)
             sys.exit(1)
-        if not stragglers.is_collective_failure(error):
+        if not is_collective_failure(error):
             raise
         explained = stragglers.explain(error) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
         rank = os.environ.get("RANK", "0")
@@ -162,3 +205,28 @@ def run(main, argv=None):
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def is_collective_failure(error):
+    """A collective that failed because a peer stalled or died (stragglers.py), or one that gloo failed because an
+    earlier collective on the same connection timed out: the graceful stop's agreement at a step boundary
+    (graceful_stop.py) is often the first to wait for a stalled rank, and the step's own collective then fails
+    with "Application timeout caused pair closure"."""
+    from . import stragglers
+
+    return stragglers.is_collective_failure(error) or "Application timeout caused pair closure" in str(error)
+
+
+def number_in(argv, flag, kind, default):
+    """The value of ``flag`` on a command line (``default`` without one, or where it is not a positive number:
+    the script's own parser says so), before the script parses the rest."""
+    for index, word in enumerate(argv):
+        text = word.partition("=")[2] if word.startswith(f"{flag}=") else (
+            argv[index + 1] if word == flag and index + 1 < len(argv) else None)
+        if text is not None:
+            try:
+                value = kind(text)
+            except ValueError:
+                return default
+            return value if value > 0 else default
+    return default

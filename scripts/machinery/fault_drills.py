@@ -2,11 +2,18 @@
 follows. Machinery: a learner may skip this module (notebook 05 runs the drills).
 
     torchrun --nproc-per-node=2 --max-restarts=1 scripts/step4_ddp.py --fault kill --fault-rank 1 --fault-step 20
+    torchrun --nproc-per-node=2 scripts/step4_ddp.py --fault sigterm --fault-step 20
 
 Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer. A drill strikes
 only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset): after torchrun
-restarts the group, training goes on past the same step. The signals are real: ``kill`` is SIGKILL, as
-the kernel's out-of-memory killer sends it.
+restarts the group, training goes on past the same step. ``sigterm`` and ``sigint`` stop a run the way
+a scheduler (SIGTERM) and Ctrl-C (SIGINT) do: the rank sends the signal to torchrun, which passes it on to
+every worker (without torchrun, to itself), and waits until it has come back, so that the run stops after
+the very next step (graceful_stop.py); ``sigterm-rank`` sends SIGTERM to its own rank alone, which the
+others learn of only from the ranks' agreement. With ``--fault-every-attempt`` it strikes in
+every attempt but the last one torchrun's --max-restarts allows, each one step later than the attempt
+before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
+is SIGKILL, as the kernel's out-of-memory killer sends it.
 """
 import os
 import signal
@@ -15,8 +22,8 @@ import time
 
 from lesson.loop import Callback
 
-from . import checkpoints
-from .launch_checks import first_attempt
+from . import checkpoints, graceful_stop
+from .launch_checks import first_attempt, restart_count
 
 
 def drills(args, runtime, checkpointing):
@@ -28,15 +35,26 @@ def drills(args, runtime, checkpointing):
     return [StrikeAfterStep(args, runtime)]
 
 
+def strike_step(args):
+    """The step after which the drill strikes in this attempt; None: not in this attempt. With
+    --fault-every-attempt, every attempt but the last that torchrun's --max-restarts allows, so that the
+    run can finish."""
+    if args.fault_every_attempt:
+        last = restart_count() >= int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        return None if last else args.fault_step + restart_count()
+    return args.fault_step if first_attempt() else None
+
+
 class StrikeAfterStep(Callback):
-    """``--fault kill|exit|stall``: rank --fault-rank, after step --fault-step (after that step's checkpoint)."""
+    """``--fault kill|exit|stall|sigterm|sigint``: rank --fault-rank, after step --fault-step (after that step's
+    checkpoint)."""
 
     def __init__(self, args, runtime):
-        self.args, self.rank = args, runtime.rank
+        self.args, self.rank, self.timeout = args, runtime.rank, runtime.timeout.total_seconds()
 
     def on_step_end(self, trainer):
         args, rank, step = self.args, self.rank, trainer.global_step
-        if rank != args.fault_rank or step != args.fault_step or not first_attempt():
+        if rank != args.fault_rank or step != strike_step(args):
             return
         if args.fault == "kill":
             print(f"fault drill: rank {rank} kills itself (SIGKILL) after step {step}", flush=True)
@@ -48,6 +66,18 @@ class StrikeAfterStep(Callback):
         if args.fault == "stall":
             print(f"fault drill: rank {rank} stalls for {args.fault_seconds:.0f} s after step {step}", flush=True)
             time.sleep(args.fault_seconds)
+        if args.fault in ("sigterm", "sigint", "sigterm-rank"):
+            number = signal.SIGINT if args.fault == "sigint" else signal.SIGTERM
+            self.signal(number, step, to_torchrun=args.fault != "sigterm-rank" and "TORCHELASTIC_RUN_ID" in os.environ)
+
+    def signal(self, number, step, to_torchrun):
+        """Send ``number`` to torchrun, or to this process alone, and wait until it has come back."""
+        print(f"fault drill: rank {self.rank} sends {number.name} to {'torchrun' if to_torchrun else 'itself'} "
+              f"after step {step}", flush=True)
+        os.kill(os.getppid() if to_torchrun else os.getpid(), number)
+        deadline = time.monotonic() + self.timeout
+        while number not in graceful_stop.received and time.monotonic() < deadline:
+            time.sleep(0.01)  # torchrun passes it on within a moment
 
 
 class CrashWhileSaving(Callback):
@@ -61,7 +91,8 @@ class CrashWhileSaving(Callback):
 
     def wrap(self, write):
         def write_or_crash(state, path):
-            if state["global_step"] < self.args.fault_step or not first_attempt():
+            strike = strike_step(self.args)
+            if strike is None or state["global_step"] < strike:
                 return write(state, path)
             print(f"fault drill: rank 0 dies halfway through writing {path.name}", flush=True)
             data = checkpoints.serialize(state)

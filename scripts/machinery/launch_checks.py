@@ -5,7 +5,8 @@
 - GPUs: as many on the node as processes, each of an architecture this torch build has kernels for;
 - gloo's network interfaces: ``GLOO_SOCKET_IFNAME`` must name interfaces of this host;
 - where the ranks landed: the pre-flight line ``describe_world`` writes;
-- torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group.
+- torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group; a restarted
+  worker moves its attempt onto a store of its own (``meet_on_a_fresh_store``).
 """
 import os
 import socket
@@ -13,7 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from .errors import CourseError
+from .errors import CourseError, first_line
 
 # What torchrun sets for every worker it starts.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -158,18 +159,59 @@ def format_ranks(ranks):
 
 def first_attempt():
     """True unless torchrun restarted this worker group (TORCHELASTIC_RESTART_COUNT > 0)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    return restart_count() == 0
 
 
-# torch 2.14's torchrun keeps one key-value store for every attempt of a worker group, so
-# after a restart a worker can read a dead peer's address left by the attempt before and
-# fail to connect (pytorch/pytorch#167288). With this variable set for torchrun, each
-# attempt gets a fresh store. The course's launchers set it; by hand:
-#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --max-restarts=3 ...
+def restart_count():
+    """How many times torchrun has restarted this worker group (0 in its first attempt, and without torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+# torch 2.14's torchrun keeps one key-value store for every attempt of a worker group (its agent's,
+# at MASTER_ADDR:MASTER_PORT, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and init_process_group
+# writes the same keys into it in every attempt. A restarted group can then read a dead peer's address
+# left by the attempt before, and fail to connect or hang (pytorch/pytorch#167288, #135712). The
+# course's launchers set the variable, which gives each attempt a store of its own; a plain torchrun
+# line does not, so a restarted worker makes itself one (``meet_on_a_fresh_store``).
 FRESH_STORE_PER_ATTEMPT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 STALE_STORE_HINT = ("a worker group restarted by torchrun could not connect to its peers: torchrun reused the store of "
                     "the failed attempt (pytorch/pytorch#167288); run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
                     "set, as the course's launchers do")
+_FRESH_STORE = []  # rank 0's store for this attempt, kept alive for init_process_group to reuse
+
+
+def meet_on_a_fresh_store(timeout):
+    """In a worker group that torchrun restarted on its agent's store, move this attempt onto a store of its
+    own, before init_process_group: rank 0 starts one on a free port of its host (MASTER_ADDR) and posts the
+    port in the agent's store under a key of this attempt (its restart count, which no earlier attempt used);
+    every rank then points MASTER_PORT at it. init_process_group reads MASTER_PORT as usual, and rank 0's
+    call takes over the store already listening there (multi_tenant). No effect in a first attempt, without
+    torchrun, or with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. A rank that finds no port within ``timeout``
+    seconds (plain torchrun over several nodes, whose agents may count restarts differently) stops with
+    the one-line fix."""
+    if first_attempt() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or _FRESH_STORE:
+        return
+    import datetime
+
+    address, agent_port, rank = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
+    wait = datetime.timedelta(seconds=timeout)
+    key = f"course/attempt-{restart_count()}/store-port"
+    try:
+        agent_store = dist.TCPStore(address, agent_port, is_master=False, timeout=wait)
+        if rank == 0:
+            fresh = dist.TCPStore(address, 0, int(os.environ["WORLD_SIZE"]), is_master=True, timeout=wait,
+                                  wait_for_workers=False, multi_tenant=True)
+            _FRESH_STORE.append(fresh)
+            agent_store.set(key, str(fresh.port))
+            port = fresh.port
+        else:
+            port = int(agent_store.get(key))  # waits for rank 0, up to the timeout
+    except RuntimeError as error:  # DistStoreError: nothing posted within the timeout, or no agent store
+        raise CourseError(f"rank {rank} of a worker group that torchrun restarted found no store of this attempt "
+                          f"within {timeout} s ({first_line(error)}); run torchrun with "
+                          f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 set, as the course's launchers do "
+                          f"(pytorch/pytorch#167288)") from None
+    os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="False")
 
 
 def is_stale_restart_store(error):

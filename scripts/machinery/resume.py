@@ -5,13 +5,15 @@ Before the first epoch, every rank together:
 - checks that the run's outputs can be written (results, checkpoints, --save);
 - decides, in one call (``decide``), whether to resume and from which checkpoint: ``--resume``
   (the newest in --checkpoint-dir, or a file), or a group that torchrun restarted, which always
-  resumes; a fresh start refuses a folder holding an unfinished run and replaces a finished one's;
+  resumes; a fresh start refuses a folder holding an unfinished run (``--start-over`` moves that run's
+  checkpoints aside instead) and replaces a finished one's;
 - agrees on it: every rank resumes from the same checkpoint, or every rank stops with one line;
 - puts the model, optimizer, schedule, scaler, position and random streams back as saved.
 
 While training: a checkpoint every ``--checkpoint-every`` steps and at every epoch's end, written by
 rank 0 (machinery/checkpoints.py) with every rank's random state. A fault drill may wrap ``write``.
 """
+import time
 from pathlib import Path
 
 import torch
@@ -56,11 +58,28 @@ class Checkpointing(Callback):
         if path is None and self.resume_from() == "latest" and self.runtime.is_main:
             print(f"no checkpoint in {display_path(self.folder)} yet: starting fresh", flush=True)
         if stale and self.runtime.is_main:
+            self.clear(stale)
+        return state
+
+    def clear(self, stale):
+        """A finished run's checkpoints are removed; an unfinished one's (--start-over) are moved aside."""
+        if not self.args.start_over:
             for old in stale:
                 old.unlink(missing_ok=True)
             print(f"starting fresh: the finished run's checkpoints in {display_path(self.folder)} were removed",
                   flush=True)
-        return state
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.folder / f"set-aside-{stamp}"
+        for number in range(2, 1000):
+            if not aside.exists():
+                break
+            aside = self.folder / f"set-aside-{stamp}-{number}"
+        aside.mkdir()
+        for old in stale:
+            old.rename(aside / old.name)
+        print(f"starting over: the earlier run's {len(stale)} checkpoint(s) were moved to {display_path(aside)}",
+              flush=True)
 
     def resume_from(self):
         """None (start fresh), "latest" (the newest in the folder, if any) or a checkpoint file.
@@ -105,7 +124,8 @@ class Checkpointing(Callback):
         agree(found, view, f"every rank must resume from the same checkpoint; {fix}")
 
     def finished_run(self, existing):
-        """A fresh start may replace a finished run's checkpoints, never an unfinished one's."""
+        """A fresh start may replace a finished run's checkpoints, never an unfinished one's (--start-over
+        moves those aside)."""
         if not existing:
             return []
         folder = display_path(self.folder)
@@ -113,11 +133,12 @@ class Checkpointing(Callback):
             latest = checkpoints.read(existing[-1], "cpu")
         except CourseError:
             latest = {}
-        if not latest.get("finished"):
+        if not latest.get("finished") and not self.args.start_over:
             where = (f"epoch {latest['epoch']}, step {latest['global_step']}" if "epoch" in latest
                      else f"{existing[-1].name}")
-            raise CourseError(f"{folder} holds an unfinished run (at {where}): add --resume to continue it, or pass "
-                              f"another --checkpoint-dir (or delete that folder) to start over")
+            raise CourseError(f"{folder} holds an unfinished run (at {where}): add --resume to continue it, or "
+                              f"--start-over to start a fresh run there (its checkpoints are moved aside, not deleted), "
+                              f"or pass another --checkpoint-dir")
         return existing
 
     def load(self, trainer, state):

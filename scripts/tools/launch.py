@@ -31,6 +31,8 @@ needs from what the scheduler granted the job:
   restarts        --max-restarts (default 3), torchrun's own: a failed worker group is
                   restarted, and resumes from its last checkpoint (the job scripts pass
                   --resume).
+  signals         torchrun passes SIGTERM, SIGINT and SIGUSR1 on to its workers, which stop
+                  after the same step with a checkpoint (--signals-to-handle).
 
 then replaces itself with `python -m torch.distributed.run ...`. --dry-run prints what it
 derived, and from where, and the command, without running it.
@@ -67,6 +69,12 @@ CPU_PROCS_CAP = 4
 # Seconds torchrun waits for every node to join the rendezvous before giving up
 # (torch's default is 600). Nodes of one job start within seconds of each other.
 DEFAULT_JOIN_TIMEOUT = 300
+
+# The signals torchrun passes on to its workers, which stop with a checkpoint on SIGTERM, SIGINT and
+# SIGUSR1 (machinery/graceful_stop.py): torchrun's own list (run.py, --signals-to-handle) and SIGUSR1,
+# which a Slurm job's --signal=USR1@... (without B:) sends to every process of its steps. Without it,
+# SIGUSR1 would end torchrun itself (its default action) and leave its workers behind.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 # How often torchrun restarts a failed worker group (torch's default is 0). A job runs
 # unattended: a worker killed once (the OOM killer, a flaky link, a pre-empted GPU)
@@ -420,10 +428,11 @@ def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_
 # ---------------------------------------------------------------- the torchrun command
 
 def torchrun_options(plan, join_timeout=DEFAULT_JOIN_TIMEOUT):
-    """torchrun's options in groups: the world, the rendezvous, the restarts."""
+    """torchrun's options in groups: the world, the rendezvous, the restarts and signals."""
     world = [f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}"]
+    ending = [f"--max-restarts={plan.max_restarts}", f"--signals-to-handle={FORWARDED_SIGNALS}"]
     if plan.nnodes == 1:
-        return [["--standalone", *world], [f"--max-restarts={plan.max_restarts}"]]
+        return [["--standalone", *world], ending]
     # is_host: the first host of the list runs the rendezvous store. Said explicitly,
     # because torch's own guess compares host names and IPs and can miss (an alias,
     # a second network interface), and then no node, or two, would host it. No
@@ -435,7 +444,7 @@ def torchrun_options(plan, join_timeout=DEFAULT_JOIN_TIMEOUT):
         f"--rdzv-id={plan.rdzv_id}",
         f"--rdzv-conf=is_host={is_host},join_timeout={join_timeout}",
     ]
-    return [world, rendezvous, [f"--max-restarts={plan.max_restarts}"]]
+    return [world, rendezvous, ending]
 
 
 def torchrun_command(plan, script, script_args, join_timeout=DEFAULT_JOIN_TIMEOUT, python=sys.executable):
