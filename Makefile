@@ -25,13 +25,14 @@ $(VENV)/.installed: requirements.txt
 run: $(ENV)
 	$(PY) scripts/tools/run_course.py
 
-## test: the test suite and every notebook under strict nbval
+## test: the test suite and every notebook under strict nbval. Everything they write goes to pytest's
+## temporary folders (COURSE_OUTPUT_DIR, set by conftest.py); the session fails if it wrote into the checkout.
 test: $(ENV)
-	$(PY) -m pytest $(NBVAL) tests notebooks
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest $(NBVAL) tests notebooks
 
 ## test-fast: the test suite without the notebooks and the slow accuracy run
 test-fast: $(ENV)
-	$(PY) -m pytest -m "not slow" tests
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m "not slow" tests
 
 ## notebooks: re-execute every notebook in place and store its outputs (run before committing one)
 notebooks: $(ENV)
@@ -71,5 +72,11 @@ benchmark: $(ENV)
 gpu-check: $(ENV)
 	$(PY) scripts/tools/gpu_check.py --records $(RECORDS)
 
+## clean: remove what runs leave in the course directory: results/ (records, figures, `make run`), checkpoints/,
+## job logs (ddp*.o<id> from PBS, ddp*-<id>.out from Slurm), caches. Your notebooks in workspace/ and downloaded
+## data in data/ stay.
 clean:
-	rm -rf results checkpoints .pytest_cache
+	rm -rf results checkpoints .pytest_cache .pbs_job.*
+	rm -f ddp*.o[0-9]* ddp*-[0-9]*.out
+	find . \( -path ./.venv -o -path ./.git -o -path ./workspace \) -prune -o \
+		\( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
