@@ -6,8 +6,9 @@ import pytest
 from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
 from data_makers import write_image_folder, write_resnet18_weights
 
-# Three epochs (so three data orders, for the set_epoch checks below) of two steps each.
-SHORT = ("--epochs", 3, "--max-steps", 2, "--batch-size", 32)
+# Three epochs (so three data orders, for the set_epoch checks below) of four steps each: past the three
+# warm-up steps within the first epoch, so that every epoch has a steady rate, hence an MFU.
+SHORT = ("--epochs", 3, "--max-steps", 4, "--batch-size", 32)
 RECORD_KEYS = {"script", "world_size", "backend", "device", "hardware", "dataset", "model", "batch_size",
                "global_batch_size", "epochs", "per_epoch", "total_seconds", "final_test_accuracy", "final_test_loss"}
 EPOCH_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "samples_per_second", "mfu"}
