@@ -27,12 +27,13 @@ run: $(ENV)
 
 ## test: the test suite and every notebook under strict nbval. Everything they write goes to pytest's
 ## temporary folders (COURSE_OUTPUT_DIR, set by conftest.py); the session fails if it wrote into the checkout.
+## PYTEST_ARGS passes options on (e.g. PYTEST_ARGS="-x --durations=20").
 test: $(ENV)
-	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest $(NBVAL) tests notebooks
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest $(NBVAL) $(PYTEST_ARGS) tests notebooks
 
-## test-fast: the test suite without the notebooks and the slow accuracy run
+## test-fast: the test suite without the notebooks and the slow runs (marked slow: see pyproject.toml)
 test-fast: $(ENV)
-	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m "not slow" tests
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS) tests
 
 ## notebooks: re-execute every notebook in place and store its outputs (run before committing one)
 notebooks: $(ENV)

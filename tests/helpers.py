@@ -75,6 +75,12 @@ def assert_ok(done):
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
 
+def aborted_at_exit(done):
+    """torchrun's report of a worker killed by SIGABRT: the abort at exit that a gloo group left alive invites
+    (tests/test_teardown.py says when, and checks which scripts free their groups)."""
+    return done.returncode != 0 and ("Signal 6 (SIGABRT)" in done.stderr or "exitcode  : -6" in done.stderr)
+
+
 def error_lines(done):
     return [line for line in done.stderr.splitlines() if line.startswith("error:")]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_ok, run_torchrun, script_env
+from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun, script_env
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
 
@@ -45,11 +45,6 @@ def exit_env(tmp_path):
 
 def gloo_threads_at_exit(report):
     return sorted((entry["rank"], entry["gloo_threads"]) for entry in map(json.loads, report.read_text().splitlines()))
-
-
-def aborted_at_exit(done):
-    """torchrun's report of a worker killed by SIGABRT: the abort at exit these tests guard against."""
-    return done.returncode != 0 and ("Signal 6 (SIGABRT)" in done.stderr or "exitcode  : -6" in done.stderr)
 
 
 def test_the_hook_sees_a_group_left_alive(tmp_path):
