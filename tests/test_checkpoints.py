@@ -97,6 +97,7 @@ def test_a_crash_halfway_through_writing_a_checkpoint_leaves_the_one_before_load
     assert_same_weights(saved_weights(tmp_path, "crash"), uninterrupted["single"])
 
 
+@pytest.mark.slow  # three runs through a DataLoader worker: make test-fast leaves it out
 def test_the_dataloader_route_with_a_worker_resumes_exactly(tmp_path):
     loader = ("--loader", "dataloader", "--workers", 1)
     assert_ok(run_python("step1_baseline.py", *RUN, *loader, *run_outputs(tmp_path, "whole")))

@@ -24,6 +24,9 @@ from tornado.websocket import websocket_connect
 
 from cluster_helpers import JOB_SCRIPTS, REPO, clean_environment
 
+# JupyterLab started as a job and driven from a browser: make test runs it, make test-fast leaves it out.
+pytestmark = pytest.mark.slow
+
 ADDRESS = re.compile(r"http://localhost:(\d+)/lab\?token=([0-9a-f]+)")
 # No wait below has a deadline of its own: a loaded 2-core machine takes its time to import JupyterLab or to
 # render a page, and how long says nothing about the job. A wait ends when what it waits for happens or the

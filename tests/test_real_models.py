@@ -157,6 +157,7 @@ SCRIPT_CASES = {"step1_baseline": 1, "step3_data_parallel": 1, "step2_allreduce"
 TRAINED_BY_THE_REFERENCE_RUNS = {"step1_baseline": "single", "step4_ddp": "ddp"}
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("script", SCRIPT_CASES)
 def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request, tmp_path):
     world_size = SCRIPT_CASES[script]
@@ -191,6 +192,7 @@ def uninterrupted(cifar, tmp_path_factory):
     return {"single": saved_weights(folder, "single"), "ddp": saved_weights(folder, "ddp"), "folder": folder}
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_the_reference_runs_trained(uninterrupted):
     torch.manual_seed(0)
     untrained = more_models.resnet18().state_dict()
@@ -198,6 +200,7 @@ def test_the_reference_runs_trained(uninterrupted):
     assert not torch.equal(uninterrupted["single"]["fc.weight"], uninterrupted["ddp"]["fc.weight"])
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
     stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--fault", "exit",
@@ -209,6 +212,7 @@ def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uni
     assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["single"])
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
     done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"), "--fault", "kill",
                         "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
@@ -222,6 +226,7 @@ def dataloader_run(cifar, folder, name, workers, *extra):
                         *run_outputs(folder, name), *extra)
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(cifar, tmp_path, workers):
     """No workers: torchvision's crops and flips draw from the training process's stream, which
