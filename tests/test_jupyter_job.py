@@ -44,6 +44,11 @@ def jupyter_environment(tmp_path):
                JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"))
     env.pop("JUPYTER_PATH", None)
+    # The server keeps a checkpoint of every notebook the browser opens, by default in .ipynb_checkpoints/ beside
+    # it: here, in this test's folder instead of the checkout's notebooks/ (tests write only in their folders).
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"FileCheckpoints": {"checkpoint_dir": str(tmp_path / "notebook-checkpoints")}}))
     return env
 
 
