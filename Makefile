@@ -7,6 +7,10 @@ PY     ?= $(VENV)/bin/python
 # The venv is a prerequisite only when PY is the venv's own python.
 ENV    := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
+# Two test files at a time (pytest-xdist), each file whole in one worker so that its module fixtures run once:
+# while one waits (on a scheduler, a --timeout drill, a process starting up), the other computes.
+# PARALLEL= runs them one after the other.
+PARALLEL ?= -n 2 --dist loadfile
 # The Jupyter kernel the notebooks ask for (their kernelspec), registered by `make kernel`.
 KERNEL := ddp-course
 # Executing a notebook (nbconvert runs it in its own folder): this environment's kernel, and no per-run
@@ -25,13 +29,15 @@ $(VENV)/.installed: requirements.txt
 run: $(ENV)
 	$(PY) scripts/tools/run_course.py
 
-## test: the test suite and every notebook under strict nbval
+## test: the test suite and every notebook under strict nbval. Everything they write goes to pytest's
+## temporary folders (COURSE_OUTPUT_DIR, set by conftest.py); the session fails if it wrote into the checkout.
+## PYTEST_ARGS passes options on (e.g. PYTEST_ARGS="-x --durations=20").
 test: $(ENV)
-	$(PY) -m pytest $(NBVAL) tests notebooks
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest $(NBVAL) $(PARALLEL) $(PYTEST_ARGS) tests notebooks
 
-## test-fast: the test suite without the notebooks and the slow accuracy run
+## test-fast: the test suite without the notebooks and the slow runs (marked slow: see pyproject.toml)
 test-fast: $(ENV)
-	$(PY) -m pytest -m "not slow" tests
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m "not slow" $(PARALLEL) $(PYTEST_ARGS) tests
 
 ## notebooks: re-execute every notebook in place and store its outputs (run before committing one)
 notebooks: $(ENV)
@@ -71,5 +77,11 @@ benchmark: $(ENV)
 gpu-check: $(ENV)
 	$(PY) scripts/tools/gpu_check.py --records $(RECORDS)
 
+## clean: remove what runs leave in the course directory: results/ (records, figures, `make run`), checkpoints/,
+## job logs (ddp*.o<id> from PBS, ddp*-<id>.out from Slurm), caches. Your notebooks in workspace/ and downloaded
+## data in data/ stay.
 clean:
-	rm -rf results checkpoints .pytest_cache
+	rm -rf results checkpoints .pytest_cache .pbs_job.*
+	rm -f ddp*.o[0-9]* ddp*-[0-9]*.out
+	find . \( -path ./.venv -o -path ./.git -o -path ./workspace \) -prune -o \
+		\( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

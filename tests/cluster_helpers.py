@@ -1,4 +1,5 @@
 """Shared by the tests of the launcher and the job scripts, and those that run them on a real PBS or Slurm."""
+import contextlib
 import functools
 import importlib.util
 import json
@@ -28,30 +29,30 @@ def load_launcher():
     return module
 
 
-def port_is_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def job_id_with_free_port(prefix):
-    """A fake job id whose rendezvous port (the launcher derives it from the id) is free now."""
+@contextlib.contextmanager
+def job_whose_port_is_taken(prefix):
+    """A fake job id whose rendezvous port (the launcher derives it from the id) a socket here holds and listens
+    on while the block runs, as another job's rendezvous store would. Bound first, then used: no other process
+    can take the port in between."""
     job_port = load_launcher().job_port
     for n in range(1000):
         job_id = f"{prefix}{os.getpid()}-{n}.pbs-test"
-        if port_is_free(job_port(job_id)):
-            return job_id
-    raise RuntimeError("no free rendezvous port found")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+            try:
+                squatter.bind(("127.0.0.1", job_port(job_id)))
+            except OSError:
+                continue  # in use already: try the next id
+            squatter.listen()
+            yield job_id
+            return
+    raise RuntimeError("no job id whose rendezvous port could be bound here")
 
 
 def clean_environment():
     """This process's environment without anything a scheduler or a shell function set."""
     drop = ("PBS_", "SLURM_", "SRUN_", "SBATCH_", "BASH_FUNC_", "COURSE_", "TORCHELASTIC_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    keep = ("COURSE_OUTPUT_DIR",)  # the test session's: runs write their default folders there (conftest.py)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) or k in keep}
     for name in ("NCPUS", "NGPUS", "VIRTUAL_ENV", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, even on a machine that has one: the CPU and gloo path

@@ -1,27 +1,41 @@
 """What the tests share: the repository's paths, running scripts as a user would, and the checks of a
 run's outcome (one line each, one meaning each)."""
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from machinery.launch_checks import free_port  # noqa: F401 (the tests' private rendezvous ports)
+from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 PYTHON = sys.executable
 
 
-def script_env(**extra):
-    """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only."""
+def script_env(restarts=False, **extra):
+    """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only.
+
+    ``restarts``: torchrun may restart the group (--max-restarts), so each attempt gets a fresh store, as the
+    course's launchers give it (machinery.launch_checks). Otherwise the workers share the agent's store, whose
+    port the OS picked when it was bound: nothing for another process to take in between.
+    """
     env = dict(os.environ)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # a fresh store per torchrun restart (machinery.launch_checks)
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    if restarts:
+        env.update(FRESH_STORE_PER_ATTEMPT)
     env.update({name: str(value) for name, value in extra.items()})
     return env
+
+
+def restarts_in(launcher):
+    """True when torchrun options ``launcher`` let it restart a failed group."""
+    return any(option.startswith("--max-restarts") and not option.endswith("=0") for option in map(str, launcher))
 
 
 def run_python(script, *args, timeout=300, env=None):
@@ -30,19 +44,41 @@ def run_python(script, *args, timeout=300, env=None):
 
 
 def torchrun_command(script, *args, nproc=2, launcher=()):
-    """torchrun with a private rendezvous port on 127.0.0.1, so tests never collide."""
-    return [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", *launcher,
+    """torchrun on this machine alone (--standalone): its rendezvous store binds a port the OS picks at that
+    moment and a run id of its own, so two runs at once never meet, and no port is chosen first and taken later."""
+    return [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone", *launcher,
             str(SCRIPTS / script), *map(str, args)]
 
 
 def run_torchrun(script, *args, nproc=2, timeout=300, launcher=(), env=None):
     return subprocess.run(torchrun_command(script, *args, nproc=nproc, launcher=launcher), cwd=REPO,
-                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+                          env=env or script_env(restarts=restarts_in(launcher)), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A loopback port for a rendezvous that several processes must be told in advance (torchrun's static
+    rendezvous, one agent per 'node'): bound here, with SO_REUSEADDR and no listen(), until the block ends.
+
+    While it is bound, the OS gives the port to no other bind(0) or outgoing connection, so nothing can take
+    it between now and the moment the rendezvous binds it; the rendezvous store, which also sets
+    SO_REUSEADDR, can bind it and listen because this socket does not listen.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
 
 
 def assert_ok(done):
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+
+
+def aborted_at_exit(done):
+    """torchrun's report of a worker killed by SIGABRT: the abort at exit that a gloo group left alive invites
+    (tests/test_teardown.py says when, and checks which scripts free their groups)."""
+    return done.returncode != 0 and ("Signal 6 (SIGABRT)" in done.stderr or "exitcode  : -6" in done.stderr)
 
 
 def error_lines(done):

@@ -99,6 +99,7 @@ def test_a_real_failure_is_not_taken_for_a_skip(tmp_path):
         harness.run_once(run, tmp_path, "c", 1, machine)
 
 
+@pytest.mark.slow  # runs every course step end to end: make test runs it, make test-fast leaves it out
 def test_harness_runs_the_course_scripts_and_writes_one_record(tmp_path):
     done = run_benchmark("harness.py", "--methods", "one process", "DDP", "--models", "net", "--repeats", "1",
                          "--epochs", "2", "--max-steps", "3", "--records", tmp_path)
@@ -317,6 +318,7 @@ sys.meta_path.insert(0, Blocker())
 '''
 
 
+@pytest.mark.slow  # runs every course step end to end: make test runs it, make test-fast leaves it out
 def test_make_gpu_check_without_a_gpu_runs_the_cpu_fallback_with_plain_packages(tmp_path):
     """`make gpu-check` as a user runs it, with anything beyond torch, torchvision, tqdm and matplotlib
     made unimportable: the fallback runs every step on the CPU, checks each record and says that the

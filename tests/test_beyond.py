@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from helpers import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
+from helpers import (PYTHON, REPO, SCRIPTS, aborted_at_exit, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
                       run_torchrun, script_env)
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
@@ -20,7 +20,10 @@ K = 4  # micro-batches per optimizer step in the accumulate demo
 def observed(tmp_path_factory):
     out = tmp_path_factory.mktemp("beyond") / "observed.json"
     done = run_torchrun("demos/beyond_ddp.py", "--micro-batches", K, "--json", out)
-    assert_ok(done)
+    # The FSDP2 demo's group outlives the run (tests/test_teardown.py), so a rank may be aborted at exit, by
+    # chance: after the record was written, which is all this module reads. Any other failure fails here.
+    if not aborted_at_exit(done):
+        assert_ok(done)
     return read_json(out)
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, free_port, run_python, run_torchrun,
+from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, reserved_port, run_python, run_torchrun,
                       script_env)
 
 
@@ -163,26 +163,26 @@ def test_ranks_that_see_different_checkpoints_stop_together_before_training(fini
     --checkpoint-dir, as on two nodes without a shared file system: node 0's folder holds the finished
     run's checkpoints, node 1's is empty. Rank 0 alone would resume; every rank stops instead, with the
     same line. (torchrun's static rendezvous keeps --node-rank, so rank 1 is the node without them.)"""
-    port = free_port()
     nodes = []
-    for rank in (0, 1):
-        home = tmp_path / f"node{rank}"
-        (home / "checkpoints").mkdir(parents=True)
-        if rank == 0:
-            shutil.copytree(finished_run / "checkpoints", home / "checkpoints", dirs_exist_ok=True)
-        command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
-                   "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPTS / "step4_ddp.py"),
-                   "--epochs", "2", "--max-steps", "3", "--batch-size", "32", "--timeout", "30",
-                   "--checkpoint-dir", "checkpoints", "--results-dir", "results", "--resume"]
-        nodes.append(subprocess.Popen(command, cwd=home, env=script_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
-    try:
-        results = [process.communicate(timeout=180) for process in nodes]
-    finally:  # ranks that trained apart can leave an agent waiting for the other at exit: end it and its worker
-        for process in nodes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    with reserved_port() as port:
+        for rank in (0, 1):
+            home = tmp_path / f"node{rank}"
+            (home / "checkpoints").mkdir(parents=True)
+            if rank == 0:
+                shutil.copytree(finished_run / "checkpoints", home / "checkpoints", dirs_exist_ok=True)
+            command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
+                       "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPTS / "step4_ddp.py"),
+                       "--epochs", "2", "--max-steps", "3", "--batch-size", "32", "--timeout", "30",
+                       "--checkpoint-dir", "checkpoints", "--results-dir", "results", "--resume"]
+            nodes.append(subprocess.Popen(command, cwd=home, env=script_env(), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, start_new_session=True))
+        try:
+            results = [process.communicate(timeout=180) for process in nodes]
+        finally:  # ranks that trained apart can leave an agent waiting for the other at exit: end it and its worker
+            for process in nodes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
     messages = []
     for process, (stdout, stderr) in zip(nodes, results):
         assert process.returncode != 0, stdout + stderr[-3000:]

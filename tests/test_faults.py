@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, free_port, run_torchrun, script_env
+from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun, script_env
 from lesson import process
 from machinery import stragglers
 
@@ -42,9 +42,7 @@ def test_a_rank_that_exits_early_ends_the_job_and_torchrun_names_it(tmp_path):
 def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_path):
     """Two torchrun agents, one per 'node', meet on loopback; node 1's --data-dir is empty.
     (torchrun's static rendezvous keeps --node-rank, so rank 1 is the node without data.)"""
-    port = free_port()
-
-    def node(rank, data_dir):
+    def node(rank, data_dir, port):
         command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
                    "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
                    str(SCRIPTS / "step4_ddp.py"), *map(str, SHORT), *map(str, output_folders(tmp_path / f"node{rank}")),
@@ -54,8 +52,9 @@ def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_pat
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    nodes = [node(0, REPO / "data"), node(1, empty)]
-    results = [agent.communicate(timeout=180) for agent in nodes]
+    with reserved_port() as port:
+        nodes = [node(0, REPO / "data", port), node(1, empty, port)]
+        results = [agent.communicate(timeout=180) for agent in nodes]
     messages = []
     for agent, (stdout, stderr) in zip(nodes, results):
         assert agent.returncode != 0
@@ -100,15 +99,18 @@ POSTS = [(0, "starting"), (0, "training"), (1, "between steps"), (1, "training")
 ], ids=["between steps", "ending the epoch", "in the step before", "in the same step", "finished"])
 def test_the_rank_behind_is_named_however_long_the_steps(two_ranks, stopped_at, named):
     """Rank 0 waits in step 4's collective; rank 1 went as far as ``stopped_at`` and no further. The
-    positions reach the store from a thread within Progress.INTERVAL, so this holds for steps of any
-    length, also when both ranks' last writes say step 3."""
+    positions reach the store from a thread (within StragglerWatch.INTERVAL on a machine that runs it), so
+    this holds for steps of any length, also when both ranks' last writes say step 3."""
     waiter, other = two_ranks
     for step, phase in POSTS:
         waiter.post(step, phase, now=phase == "starting")
     mine = POSTS[:POSTS.index(stopped_at) + 1] if stopped_at in POSTS else [*POSTS[:-2], stopped_at]
     for step, phase in mine:
         other.post(step, phase, now=phase == "starting")
-    time.sleep(4 * stragglers.StragglerWatch.INTERVAL)  # no more posts: rank 1 is stuck, rank 0 waits
+    # No more posts: rank 1 is stuck, rank 0 waits. Rank 1's writer thread, not this test, brings its last
+    # position to the store; wait until it has (however long a loaded machine keeps the thread waiting).
+    while other.written != other.position and other.store is not None:
+        time.sleep(stragglers.StragglerWatch.INTERVAL)
     line = waiter.explain_collective_failure(TIMED_OUT)  # in step 4, after 3 steps done
     assert line.startswith("rank 0 waited longer than --timeout 5 s in a collective at step 3: "), line
     if named:

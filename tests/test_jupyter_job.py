@@ -24,8 +24,13 @@ from tornado.websocket import websocket_connect
 
 from cluster_helpers import JOB_SCRIPTS, REPO, clean_environment
 
+# JupyterLab started as a job and driven from a browser: make test runs it, make test-fast leaves it out.
+pytestmark = pytest.mark.slow
+
 ADDRESS = re.compile(r"http://localhost:(\d+)/lab\?token=([0-9a-f]+)")
-STARTUP_SECONDS = 180  # a loaded 2-core machine takes a while to import JupyterLab
+# No wait below has a deadline of its own: a loaded 2-core machine takes its time to import JupyterLab or to
+# render a page, and how long says nothing about the job. A wait ends when what it waits for happens or the
+# process it waits on has ended; a job that hangs is ended by the suite's timeout (pyproject.toml).
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -39,6 +44,11 @@ def jupyter_environment(tmp_path):
                JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"))
     env.pop("JUPYTER_PATH", None)
+    # The server keeps a checkpoint of every notebook the browser opens, by default in .ipynb_checkpoints/ beside
+    # it: here, in this test's folder instead of the checkout's notebooks/ (tests write only in their folders).
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"FileCheckpoints": {"checkpoint_dir": str(tmp_path / "notebook-checkpoints")}}))
     return env
 
 
@@ -57,8 +67,7 @@ class Job:
         return self.log_path.read_text()
 
     def wait_for_the_server(self):
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
+        while True:
             if self.process.poll() is not None:
                 pytest.fail(f"the job ended with status {self.process.returncode}:\n{self.text()}")
             found = ADDRESS.search(self.text())
@@ -70,8 +79,6 @@ class Job:
                 except OSError:
                     pass  # not listening yet
             time.sleep(1)
-        self.stop()
-        pytest.fail(f"no JupyterLab answering after {STARTUP_SECONDS} s:\n{self.text()}")
 
     def url(self, path, port=None):
         return f"http://127.0.0.1:{port or self.port}{path}"
@@ -98,14 +105,12 @@ class Job:
         return payload
 
     def stop(self):
-        """Cancel the job as a scheduler does: SIGTERM to the job's processes."""
+        """Cancel the job as a scheduler does: SIGTERM to the job's processes, then wait for the job to clean up
+        and end (a scheduler would SIGKILL it after a grace period; how long the cleanup takes on a loaded
+        machine must not decide whether it happened)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+            self.process.wait()
         self.log.close()
         return self.process.returncode
 
@@ -230,8 +235,7 @@ class DevTools:
         self.next_id = 0
 
     def devtools_port(self):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while True:  # until chromium names its port, or ends
             line = self.process.stderr.readline()
             found = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
             if found:
@@ -254,11 +258,11 @@ class DevTools:
             if reply.get("id") == self.next_id:
                 return reply.get("result", {})
 
-    async def wait_for(self, expression, seconds):
+    async def wait_for(self, expression):
+        """Until ``expression`` is true in the page (or chromium ends): its value, and a screenshot then."""
         connection = await websocket_connect(self.page())
         try:
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
+            while self.process.poll() is None:
                 result = await self.call(connection, "Runtime.evaluate", expression=expression, returnByValue=True)
                 value = result.get("result", {}).get("value")
                 if value:
@@ -289,10 +293,10 @@ def test_a_browser_renders_a_notebook_page(job, tmp_path):
 
     browser = DevTools(tmp_path / "profile", job.url(f"/lab/tree/notebooks/00_concepts.ipynb?token={job.token}"))
     try:
-        rendered, screenshot = asyncio.run(browser.wait_for(RENDERED, seconds=120))
+        rendered, screenshot = asyncio.run(browser.wait_for(RENDERED))
     finally:
         browser.close()
-    assert rendered, "JupyterLab did not render notebook 00 within 120 s"
+    assert rendered, "chromium ended before JupyterLab rendered notebook 00"
     assert rendered["cells"] >= 20 and "00_concepts" in rendered["title"]
     png = base64.b64decode(screenshot)
     (tmp_path / "notebook_00.png").write_bytes(png)

@@ -31,6 +31,7 @@ def reference(tmp_path_factory):
     return {"folder": folder, "stdout": split.stdout}
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_each_replica_is_cut_in_two_and_trains_under_torchrun(reference):
     assert ("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu"
             in reference["stdout"]), reference["stdout"]
@@ -39,6 +40,7 @@ def test_each_replica_is_cut_in_two_and_trains_under_torchrun(reference):
     assert len(record["per_epoch"]) == 2
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_the_saved_weights_are_a_plain_resnet18s_and_equal_train_ddps(reference):
     split, ddp = saved_weights(reference["folder"], "split"), saved_weights(reference["folder"], "ddp")
     more_models.resnet18().load_state_dict(split)  # strict: the same names as the one-device model
@@ -46,6 +48,7 @@ def test_the_saved_weights_are_a_plain_resnet18s_and_equal_train_ddps(reference)
     assert split.keys() == ddp.keys() and not different, different[:5]
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(reference, tmp_path):
     stopped = run_torchrun("step6_model_parallel.py", *RUN, *run_outputs(tmp_path, "stopped"),
                            "--fault", "exit", "--fault-step", 5)

@@ -43,11 +43,11 @@ def test_child_stderr_catches_what_child_processes_write():
 
 
 def test_figures_go_where_git_does_not_look(tmp_path, monkeypatch, capsys):
-    assert notebook.FIGURES == REPO / "results" / "figs"
+    assert notebook.FIGURES == notebook.OUTPUT / "results" / "figs"  # OUTPUT: tests/test_output_folder.py
     ignored = subprocess.run(["git", "check-ignore", "-q", "results/figs/any.png"], cwd=REPO)
     assert ignored.returncode == 0, "results/figs/ must be git-ignored"
     monkeypatch.setattr(notebook, "FIGURES", tmp_path / "figs")
-    monkeypatch.setattr(notebook, "REPO", tmp_path)
+    monkeypatch.setenv("COURSE_OUTPUT_DIR", str(tmp_path))
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     notebook.save_figure(fig, "line.png")

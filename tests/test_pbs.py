@@ -48,7 +48,7 @@ from machinery.checkpoints import checkpoints_in
 from data_makers import write_image_folder, write_resnet18_weights
 
 SETUP, NO_PBS = pbs_setup()
-pytestmark = pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")]
 
 HEAD, NODE2 = (SETUP or {}).get("PBS_HOSTS", "pbshead pbsnode2").split()
 ONE_HOST = ("select=1:ncpus=2:mem=4gb", "walltime=00:10:00")

@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun,
-                      script_env, torchrun_command)
+                      restarts_in, script_env, torchrun_command)
 from lesson import data, models
 from machinery import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
@@ -43,7 +43,8 @@ def run_on_cifar(cifar, script, *args, nproc=1, launcher=()):
     command = torchrun_command(script, *args, nproc=nproc, launcher=launcher)
     script_at = command.index(str(SCRIPTS / script))
     command[script_at:script_at + 1] = [str(cifar["launcher"]), str(SCRIPTS / script)]
-    return subprocess.run(command, cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=REPO, env=script_env(restarts=restarts_in(launcher)), capture_output=True,
+                          text=True, timeout=300)
 
 
 # ---------------------------------------------------------------- the data set
@@ -151,18 +152,25 @@ def test_a_model_that_cannot_take_the_images_is_refused_in_one_line(model, datas
 # ---------------------------------------------------------------- every script, end to end
 
 SCRIPT_CASES = {"step1_baseline": 1, "step3_data_parallel": 1, "step2_allreduce": 2, "step4_ddp": 2}
+# step1_baseline and step4_ddp train ResNet-18 on these files in the uninterrupted runs below: their record and
+# weights are checked here, without a run of their own.
+TRAINED_BY_THE_REFERENCE_RUNS = {"step1_baseline": "single", "step4_ddp": "ddp"}
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("script", SCRIPT_CASES)
-def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, tmp_path):
+def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request, tmp_path):
     world_size = SCRIPT_CASES[script]
-    done = run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
-                        "--max-steps", 2, "--batch-size", 16, *run_outputs(tmp_path, "run"), nproc=world_size)
-    assert_ok(done)
-    record = read_json(tmp_path / "results" / "run.json")
+    if script in TRAINED_BY_THE_REFERENCE_RUNS:
+        folder, name = request.getfixturevalue("uninterrupted")["folder"], TRAINED_BY_THE_REFERENCE_RUNS[script]
+    else:
+        folder, name = tmp_path, "run"
+        assert_ok(run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
+                               "--max-steps", 2, "--batch-size", 16, *run_outputs(folder, name), nproc=world_size))
+    record = read_json(folder / "results" / f"{name}.json")
     assert (record["dataset"], record["model"], record["world_size"]) == ("cifar10", "resnet18", world_size)
     assert record["per_epoch"][0]["test_samples"] == TEST_IMAGES
-    assert more_models.resnet18().load_state_dict(saved_weights(tmp_path, "run"))  # strict: a plain ResNet-18's weights
+    assert more_models.resnet18().load_state_dict(saved_weights(folder, name))  # strict: a plain ResNet-18's weights
 
 
 def test_the_synthetic_set_trains_without_any_file(tmp_path):
@@ -181,9 +189,10 @@ def uninterrupted(cifar, tmp_path_factory):
     folder = tmp_path_factory.mktemp("uninterrupted")
     assert_ok(run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(folder, "single")))
     assert_ok(run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(folder, "ddp"), nproc=2))
-    return {"single": saved_weights(folder, "single"), "ddp": saved_weights(folder, "ddp")}
+    return {"single": saved_weights(folder, "single"), "ddp": saved_weights(folder, "ddp"), "folder": folder}
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_the_reference_runs_trained(uninterrupted):
     torch.manual_seed(0)
     untrained = more_models.resnet18().state_dict()
@@ -191,6 +200,7 @@ def test_the_reference_runs_trained(uninterrupted):
     assert not torch.equal(uninterrupted["single"]["fc.weight"], uninterrupted["ddp"]["fc.weight"])
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
     stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--fault", "exit",
@@ -202,6 +212,7 @@ def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uni
     assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["single"])
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
     done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"), "--fault", "kill",
                         "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
@@ -215,6 +226,7 @@ def dataloader_run(cifar, folder, name, workers, *extra):
                         *run_outputs(folder, name), *extra)
 
 
+@pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(cifar, tmp_path, workers):
     """No workers: torchvision's crops and flips draw from the training process's stream, which

@@ -1,5 +1,10 @@
 """`make run`: the whole course path runs and ends with one comparison table."""
+import pytest
+
 from helpers import assert_ok, run_python
+
+# Every step of the course in turn: make test runs it, make test-fast leaves it out.
+pytestmark = pytest.mark.slow
 
 STEPS = ["1 one process", "2 all_reduce per-parameter", "2 all_reduce bucket", "3 DataParallel", "4 DDP"]
 

@@ -6,7 +6,9 @@ import pytest
 from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env, torchrun_command
 from data_makers import write_image_folder, write_resnet18_weights
 
-SHORT = ("--epochs", 2, "--max-steps", 4, "--batch-size", 32)
+# Three epochs (so three data orders, for the set_epoch checks below) of four steps each: past the three
+# warm-up steps within the first epoch, so that every epoch has a steady rate, hence an MFU.
+SHORT = ("--epochs", 3, "--max-steps", 4, "--batch-size", 32)
 RECORD_KEYS = {"script", "world_size", "backend", "device", "hardware", "dataset", "model", "batch_size",
                "global_batch_size", "epochs", "per_epoch", "total_seconds", "final_test_accuracy", "final_test_loss"}
 EPOCH_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "samples_per_second", "mfu"}
@@ -20,18 +22,35 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def case_run(tmp_path_factory):
+    """Each case's run, made once for the module and read by every test that checks a fact of it:
+    ``case_run(case)`` is (the finished process, its JSON record)."""
+    folder = tmp_path_factory.mktemp("cases")
+    finished = {}
+
+    def run(case):
+        if case not in finished:
+            launch, script, extra, _, _ = CASES[case]
+            name = case.replace(" ", "-")
+            done = launch(script, *SHORT, *extra, "--results-dir", folder / "results", "--run-name", name,
+                          "--checkpoint-dir", folder / "checkpoints" / name)
+            assert_ok(done)
+            finished[case] = done, read_json(folder / "results" / f"{name}.json")
+        return finished[case]
+
+    return run
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_script_runs_and_writes_its_record(case, results_dir, tmp_path):
-    launch, script, extra, world_size, backend = CASES[case]
-    done = launch(script, *SHORT, *extra, "--results-dir", results_dir, "--run-name", "run",
-                  "--checkpoint-dir", tmp_path / "checkpoints")
-    assert_ok(done)
-    record = read_json(results_dir / "run.json")
+def test_script_runs_and_writes_its_record(case, case_run):
+    _, script, _, world_size, backend = CASES[case]
+    done, record = case_run(case)
     assert RECORD_KEYS <= record.keys()
     assert record["script"] == script.removesuffix(".py")
     assert (record["world_size"], record["backend"], record["device"]) == (world_size, backend, "cpu")
     assert record["global_batch_size"] == 32 * world_size
-    assert [e["epoch"] for e in record["per_epoch"]] == [1, 2]
+    assert [e["epoch"] for e in record["per_epoch"]] == [1, 2, 3]
     for epoch in record["per_epoch"]:
         assert EPOCH_KEYS <= epoch.keys()
         assert epoch["test_samples"] == 1000 and 0.0 <= epoch["test_accuracy"] <= 1.0
@@ -39,17 +58,16 @@ def test_script_runs_and_writes_its_record(case, results_dir, tmp_path):
         assert epoch["mfu"] > 0  # against this CPU's peak, measured at the start of the run
     assert record["peak"]["source"].startswith("measured") and record["peak"]["devices_per_process"] == 1
     # Rank 0 alone prints the epoch lines: one per epoch, not one per rank.
-    assert done.stdout.count("epoch 1/2") == 1
+    assert done.stdout.count("epoch 1/3") == 1
     if world_size > 1:
         assert "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)" in done.stdout
 
 
-def test_allreduce_and_ddp_train_identically(results_dir, tmp_path):
-    """Same seed, same shards, dropout on but seeded per rank alike: the same numbers."""
-    for script, name in (("step2_allreduce.py", "allreduce"), ("step4_ddp.py", "ddp")):
-        assert_ok(run_torchrun(script, *SHORT, "--results-dir", results_dir, "--run-name", name,
-                               "--checkpoint-dir", tmp_path / name))
-    allreduce, ddp = read_json(results_dir / "allreduce.json"), read_json(results_dir / "ddp.json")
+def test_allreduce_and_ddp_train_identically(case_run):
+    """Same seed, same shards, dropout on but seeded per rank alike: the same numbers. (step2_allreduce's
+    default --mode is bucket.)"""
+    (_, allreduce), (_, ddp) = case_run("step2_allreduce bucket"), case_run("step4_ddp")
+    assert len(allreduce["per_epoch"]) == len(ddp["per_epoch"]) == 3
     for a, d in zip(allreduce["per_epoch"], ddp["per_epoch"]):
         assert a["train_loss"] == pytest.approx(d["train_loss"], abs=1e-5)
         assert a["test_accuracy"] == pytest.approx(d["test_accuracy"], abs=2e-3)
@@ -110,11 +128,18 @@ def test_every_script_that_calls_set_epoch_is_checked_below():
     assert calling == sorted(SHUFFLING_SCRIPTS)
 
 
+# Scripts whose three-epoch run above (CASES) gives the orders: no run of their own for the first check.
+ORDERS_FROM_CASES = {"step4_ddp.py": "step4_ddp", "step2_allreduce.py": "step2_allreduce bucket"}
+
+
 @pytest.mark.parametrize("script", SHUFFLING_SCRIPTS)
-def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, tmp_path):
+def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, tmp_path, case_run):
     extra = SHUFFLING_SCRIPTS[script](tmp_path)
-    orders = run_for_orders(script, SCRIPTS / script, tmp_path / "with", script_env(), extra)
-    assert len(set(orders)) == 3, orders  # three epochs, three different orders
+    if script in ORDERS_FROM_CASES:
+        orders = epoch_orders(case_run(ORDERS_FROM_CASES[script])[1])
+    else:
+        orders = run_for_orders(script, SCRIPTS / script, tmp_path / "with", script_env(), extra)
+    assert len(orders) == 3 and len(set(orders)) == 3, orders  # three epochs, three different orders
     # The same script without its set_epoch line: every epoch repeats the first one's order.
     source = (SCRIPTS / script).read_text()
     assert source.count(SET_EPOCH) == 1
@@ -122,4 +147,4 @@ def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, 
     broken.parent.mkdir()
     broken.write_text("\n".join(line for line in source.splitlines() if SET_EPOCH not in line))
     orders = run_for_orders(script, broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS), extra)
-    assert len(set(orders)) == 1, orders
+    assert len(orders) == 3 and len(set(orders)) == 1, orders

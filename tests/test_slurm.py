@@ -19,10 +19,10 @@ from cluster_helpers import JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, rea
 from data_makers import write_image_folder, write_resnet18_weights
 from helpers import assert_same_weights, run_torchrun, saved_weights
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("sbatch") is None,
     reason="Slurm is not installed (no sbatch on PATH); `sudo bash .ci/start_slurm.sh` installs and starts one",
-)
+)]
 
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 WAIT_SECONDS = 600

@@ -6,16 +6,24 @@ import sys
 from pathlib import Path
 
 from .errors import CourseError, first_line
-from .output_paths import REPO
+from .output_paths import OUTPUT_DIR_VARIABLE, REPO, output_dir
 
 DEFAULT_DATA_DIR = REPO / "data"
-DEFAULT_RESULTS_DIR = REPO / "results"
-DEFAULT_CHECKPOINTS_DIR = REPO / "checkpoints"
+OUTPUT_HELP = f"""environment:
+  {OUTPUT_DIR_VARIABLE}=FOLDER  the default results/ and checkpoints/ go under FOLDER instead of the course
+                            directory, and paths under it are printed relative to it (the test suite
+                            sets it to a temporary folder, so that no test writes into the checkout)"""
+
+
+def default_results_dir():
+    """Where a run's JSON record goes without --results-dir: results/ in the output folder."""
+    return output_dir() / "results"
 
 
 def default_checkpoint_dir(script, run_name=None):
-    """Where a run's checkpoints go without --checkpoint-dir: checkpoints/<run name, else script name>/."""
-    return DEFAULT_CHECKPOINTS_DIR / (run_name or script)
+    """Where a run's checkpoints go without --checkpoint-dir: checkpoints/<run name, else script name>/ in the
+    output folder."""
+    return output_dir() / "checkpoints" / (run_name or script)
 
 
 def positive_int(text):
@@ -43,7 +51,7 @@ def time_budget(text):
 
 def build_parser(description):
     parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, epilog=OUTPUT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     data = parser.add_argument_group("data and model")
     data.add_argument("--dataset", default="mnist5k",
@@ -91,14 +99,16 @@ def build_parser(description):
                        help="fp32 (default); bf16 autocast (CPU or GPU); fp16 autocast with a gradient scaler (GPU only)")
 
     out = parser.add_argument_group("output")
-    out.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the JSON record goes (default: results/)")
+    out.add_argument("--results-dir", type=Path, default=default_results_dir(),
+                     help=f"where the JSON record goes (default: results/, in ${OUTPUT_DIR_VARIABLE} if set)")
     out.add_argument("--run-name", default=None, help="file name of the JSON record (default: <script>-w<world size>-<time>)")
     out.add_argument("--save", type=Path, default=None, help="write the final weights here (rank 0; the plain model, no 'module.' prefix)")
     out.add_argument("--peak-tflops", type=positive_float, default=None, help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
 
     ckpt = parser.add_argument_group("checkpoints and restarts")
     ckpt.add_argument("--checkpoint-dir", type=Path, default=None,
-                      help="where checkpoints go (default: checkpoints/<run name, else script name>/)")
+                      help=f"where checkpoints go (default: checkpoints/<run name, else script name>/, in "
+                           f"${OUTPUT_DIR_VARIABLE} if set)")
     ckpt.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
                       help="also checkpoint every N optimizer steps (always: at the end of each epoch)")
     ckpt.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K", help="keep the newest K (default 3)")

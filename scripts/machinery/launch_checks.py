@@ -129,9 +129,10 @@ def check_gloo_interfaces():
 
 def use_world_of_one():
     """Plain ``python script.py``: set what torchrun would set for a single process, so that
-    ``dist.init_process_group`` reads the same variables either way."""
+    ``dist.init_process_group`` reads the same variables either way. Port 0: the only rank's store binds a
+    port the OS picks at that moment, so no other process can take it between choosing and binding."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
 
 
 def free_port():

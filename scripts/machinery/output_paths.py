@@ -9,12 +9,25 @@ from pathlib import Path
 from .errors import CourseError
 
 REPO = Path(__file__).resolve().parents[2]
+# Where runs write by default (results/, checkpoints/, the notebooks' figures): this folder if set, else the
+# course directory. The test suite points it at a temporary folder, so that no test writes into the checkout.
+OUTPUT_DIR_VARIABLE = "COURSE_OUTPUT_DIR"
+
+
+def output_dir():
+    """The folder that holds results/ and checkpoints/ by default: $COURSE_OUTPUT_DIR, else the course directory."""
+    value = os.environ.get(OUTPUT_DIR_VARIABLE)
+    return Path(value).expanduser().resolve() if value else REPO
 
 
 def display_path(path):
-    """A path as the course shows it: relative to the repository when inside it."""
+    """A path as the course shows it: relative to the output folder (by default the course directory) when
+    inside it, else relative to the course directory when inside that, else in full."""
     path = Path(path).resolve()
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    for base in (output_dir(), REPO):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
 
 
 def check_folder(path, flag):

@@ -8,7 +8,7 @@ So that no notebook pastes code of its own:
 - ``python``: start a script as one plain process;
 - ``show_diff``: print the diff between two scripts, which is the lesson of a step;
 - ``read_record``: load the JSON record a run wrote;
-- ``save_figure``: save a figure under ``results/figs/``, which git ignores;
+- ``save_figure``: save a figure under ``results/figs/`` (in ``OUTPUT``), which git ignores;
 - ``child_stderr``: collect what child processes write to stderr, instead of showing it;
 - ``script_lines``: the lines a course script printed, without torchrun's own log lines.
 
@@ -26,12 +26,16 @@ import tempfile
 from pathlib import Path
 
 from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT, free_port  # noqa: F401 (the notebooks' ports come from here)
-from machinery.output_paths import REPO
+from machinery.output_paths import REPO, display_path, output_dir
 
 SCRIPTS = REPO / "scripts"
+# Where the notebooks' runs write: results/ and checkpoints/ under the course directory, or under
+# $COURSE_OUTPUT_DIR where that is set (the test suite sets it, so that the notebooks write into a temporary
+# folder). A notebook names its folders from here: OUTPUT / "results" / "notebooks".
+OUTPUT = output_dir()
 # Figures drawn by the notebooks hold this machine's measurements, so they go where git
 # does not look. The reference copies in figs/ change only through `make figures`.
-FIGURES = REPO / "results" / "figs"
+FIGURES = OUTPUT / "results" / "figs"
 TAIL_LINES = 40  # how much of a failed run's output its exception carries
 
 
@@ -159,10 +163,10 @@ def read_record(results_dir, run_name):
 
 
 def save_figure(fig, name):
-    """Save a matplotlib figure as ``results/figs/<name>`` and say where, relative to the repository.
+    """Save a matplotlib figure as ``results/figs/<name>`` (in OUTPUT) and say where, relative to OUTPUT.
 
     No "Software" stamp in the PNG, so a rerun with the same numbers writes the same file.
     """
     FIGURES.mkdir(parents=True, exist_ok=True)
     fig.savefig(FIGURES / name, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    print(f"saved {(FIGURES / name).relative_to(REPO)}")
+    print(f"saved {display_path(FIGURES / name)}")

@@ -60,7 +60,9 @@ def main():
     parser.add_argument("--epochs", type=cli.positive_int, default=3)
     parser.add_argument("--nproc", type=cli.positive_int, default=torch.cuda.device_count() or 2,
                         help="processes for the distributed steps (default: every GPU, or 2 on CPU)")
-    parser.add_argument("--results-dir", default=str(cli.DEFAULT_RESULTS_DIR / "course"))
+    parser.add_argument("--results-dir", default=str(cli.default_results_dir() / "course"),
+                        help=f"where every step's record and checkpoints go (default: results/course/, in "
+                             f"${cli.OUTPUT_DIR_VARIABLE} if set)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="after --: arguments for every step")
     args = parser.parse_args()
     args.rest = [a for a in args.rest if a != "--"]

@@ -1,0 +1,75 @@
+"""The test session as a whole (tests/ and the notebooks under nbval alike): where its runs write, and the check
+that it left the checkout as it found it. The tests' fixtures are in tests/conftest.py.
+
+Every script a test starts and every notebook kernel nbval starts inherits this process's environment, so
+setting COURSE_OUTPUT_DIR here sends their default results/ and checkpoints/ (and the notebooks' figures)
+into a temporary folder of this session, never into the checkout.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent
+OUTPUT_DIR_VARIABLE = "COURSE_OUTPUT_DIR"  # scripts/machinery/output_paths.py reads it
+# What a test session may leave in the checkout: the environment, pytest's own cache, and the bytecode caches
+# Python writes next to the modules it imports (`make test` turns those off: PYTHONDONTWRITEBYTECODE=1).
+MAY_STAY = {".git", ".venv", ".pytest_cache", "__pycache__"}
+
+
+def checkout_files():
+    """Every file and folder in the checkout, with its size and modification time, except MAY_STAY."""
+    found = {}
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [name for name in subfolders if name not in MAY_STAY]
+        for name in [*subfolders, *files]:
+            if name in MAY_STAY:
+                continue
+            path = Path(folder, name)
+            stat = path.lstat()
+            found[str(path.relative_to(REPO))] = (stat.st_size, stat.st_mtime_ns) if name in files else "folder"
+    return found
+
+
+def is_worker(config):
+    """A pytest-xdist worker: the controller process checks the checkout, once."""
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has set up its factory
+def pytest_configure(config):
+    sys.dont_write_bytecode = True
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # nor in the scripts and kernels the tests start
+    if OUTPUT_DIR_VARIABLE not in os.environ or not is_worker(config):
+        os.environ[OUTPUT_DIR_VARIABLE] = str(config._tmp_path_factory.mktemp("course-output", numbered=False))
+    if not is_worker(config):
+        config.stash[CHECKOUT_BEFORE] = checkout_files()
+
+
+CHECKOUT_BEFORE = pytest.StashKey[dict]()
+LEFT_BEHIND = pytest.StashKey[list]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if is_worker(config) or CHECKOUT_BEFORE not in config.stash:
+        return
+    before, after = config.stash[CHECKOUT_BEFORE], checkout_files()
+    changed = sorted(path for path in after.keys() | before.keys() if before.get(path) != after.get(path))
+    config.stash[LEFT_BEHIND] = changed
+    if changed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    changed = config.stash.get(LEFT_BEHIND, [])
+    if changed:
+        terminalreporter.section("the checkout changed", red=True)
+        terminalreporter.line(f"The test session wrote into the checkout ({REPO}); tests write only under pytest's "
+                              f"temporary folders, scripts by default under ${OUTPUT_DIR_VARIABLE}. New, changed "
+                              f"or removed:", red=True)
+        for path in changed[:50]:
+            terminalreporter.line(f"  {path}", red=True)
+        if len(changed) > 50:
+            terminalreporter.line(f"  ... and {len(changed) - 50} more", red=True)
