@@ -1,16 +1,14 @@
 """What the tests share: the repository's paths, running scripts as a user would, and the checks of a
 run's outcome (one line each, one meaning each)."""
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT
+from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F401 (the tests take it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -54,21 +52,6 @@ def run_torchrun(script, *args, nproc=2, timeout=300, launcher=(), env=None):
     return subprocess.run(torchrun_command(script, *args, nproc=nproc, launcher=launcher), cwd=REPO,
                           env=env or script_env(restarts=restarts_in(launcher)), capture_output=True, text=True,
                           timeout=timeout)
-
-
-@contextlib.contextmanager
-def reserved_port():
-    """A loopback port for a rendezvous that several processes must be told in advance (torchrun's static
-    rendezvous, one agent per 'node'): bound here, with SO_REUSEADDR and no listen(), until the block ends.
-
-    While it is bound, the OS gives the port to no other bind(0) or outgoing connection, so nothing can take
-    it between now and the moment the rendezvous binds it; the rendezvous store, which also sets
-    SO_REUSEADDR, can bind it and listen because this socket does not listen.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("127.0.0.1", 0))
-        yield holder.getsockname()[1]
 
 
 def assert_ok(done):

@@ -11,12 +11,11 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import PYTHON, REPO, SCRIPTS, free_port, run_python, script_env
+from helpers import PYTHON, REPO, SCRIPTS, reserved_port, run_python, script_env
 from machinery import launch_checks
 
 DOCTOR = SCRIPTS / "tools" / "doctor.py"
@@ -129,14 +128,15 @@ def test_ranks_on_a_host_the_job_was_not_granted_are_diagnosed(tmp_path):
 def test_two_torchruns_on_one_host_put_two_ranks_on_one_gpu():
     """Two launchers on one host (--nnodes=2, both here): each numbers its local ranks from 0, so both ranks
     would train on cuda:0."""
-    env, port = doctor_env(gpus="9.0"), free_port()
-    commands = [[PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-conf=is_host={is_host},join_timeout=120",
-                 str(DOCTOR), "--backend", "gloo"] for is_host in (1, 0)]
-    on_cores = cores(2)
-    agents = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, preexec_fn=lambda: os.sched_setaffinity(0, on_cores)) for command in commands]
-    outputs = [agent.communicate(timeout=RUN_SECONDS)[0] for agent in agents]
+    env, on_cores = doctor_env(gpus="9.0"), cores(2)
+    with reserved_port() as port:  # held until the rendezvous store binds it
+        commands = [[PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-conf=is_host={is_host},join_timeout=120",
+                     str(DOCTOR), "--backend", "gloo"] for is_host in (1, 0)]
+        agents = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, preexec_fn=lambda: os.sched_setaffinity(0, on_cores))
+                  for command in commands]
+        outputs = [agent.communicate(timeout=RUN_SECONDS)[0] for agent in agents]
     assert all(agent.returncode != 0 for agent in agents), outputs
     done = subprocess.CompletedProcess(commands[0], 1, "".join(outputs))
     found = assert_diagnosed(done, "two ranks on one GPU", "one CPU core per rank", "a host listed twice")

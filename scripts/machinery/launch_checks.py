@@ -8,6 +8,7 @@
 - torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group; a restarted
   worker moves its attempt onto a store of its own (``meet_on_a_fresh_store``).
 """
+import contextlib
 import os
 import socket
 
@@ -135,11 +136,17 @@ def use_world_of_one():
                       MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
 
 
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@contextlib.contextmanager
+def reserved_port():
+    """A loopback port for a rendezvous that several processes must be told in advance, held until the block
+    ends: bound with SO_REUSEADDR and no listen(). While it is bound, the OS hands the port to no other bind(0)
+    or outgoing connection, so nothing can take it before the rendezvous store binds it; the store, which also
+    sets SO_REUSEADDR, can bind it and listen because this socket does not listen. Until then, a connection to
+    it is refused: nobody answers there."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
 
 
 def describe_world(hosts):

@@ -330,11 +330,9 @@ def ddp_bytes_per_step(model):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from machinery.launch_checks import free_port
-
     own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    if own_group:  # a world of one needs no port: an in-process store
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         sent = {"gradients all-reduced": 0, "buffers broadcast": 0}
 
