@@ -323,10 +323,11 @@ def check_resume_step(resume_step, observed=None):
 def ddp_bytes_per_step(model):
     """What DDP hands to its collectives in one training step of ``model`` (CIFAR-shaped inputs), in a world of
     one process made for the count if there is none, in bytes: the gradients it all-reduces, counted by a
-    communication hook, and the buffers it broadcasts from rank 0 before each training forward, counted where
-    DDP makes that call (``_pre_forward`` -> ``_sync_buffers`` -> ``_distributed_broadcast_coalesced`` in
-    torch/nn/parallel/distributed.py), which no communication hook sees. Which tensors these are depends on the
-    model and its requires_grad flags, not on how many processes there are."""
+    communication hook, and the buffers it broadcasts from rank 0 once a training step (before a forward that
+    follows a training forward, or the first), counted where DDP makes that call (``_pre_forward`` ->
+    ``_sync_buffers`` -> ``_distributed_broadcast_coalesced`` in torch/nn/parallel/distributed.py), which the
+    gradient hook of ``register_comm_hook`` does not see. Which tensors these are depends on the model and its
+    requires_grad flags, not on how many processes there are."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
