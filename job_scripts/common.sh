@@ -80,7 +80,10 @@ course_setup() {
 #   course_run turns it into a stop request for the run.
 # Both: --grace-period, the seconds between the scheduler's SIGTERM (qdel, scancel, the
 # limit) and its SIGKILL (PBS: the queue's kill_delay, 10 by default; Slurm: KillWait), which
-# the run checks a checkpoint fits in.
+# the run checks a checkpoint fits in. torchrun, after passing a SIGTERM on, SIGKILLs its
+# workers --shutdown-timeout seconds later (30 by default): TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+# which torchrun reads as a whole number, is set to the same grace, rounded up, so that
+# torchrun waits as long as the scheduler does.
 course_read_time_limit() {
     local walltime="" grace=""
     COURSE_LIMIT_ARG_LIST=() COURSE_LIMIT_TEXT=""
@@ -97,7 +100,11 @@ course_read_time_limit() {
         grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
         COURSE_LIMIT_TEXT="SIGUSR1 ahead of it (--signal=B:USR1@...) asks the run to stop with a checkpoint, and the job requeues itself${grace:+; SIGTERM to SIGKILL: $grace s (KillWait)}"
     fi
-    [[ -z $grace ]] || COURSE_LIMIT_ARG_LIST+=(--grace-period "$grace")
+    if [[ -n $grace ]]; then
+        COURSE_LIMIT_ARG_LIST+=(--grace-period "$grace")
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$(awk -v g="$grace" 'BEGIN {s = int(g); if (s < g) s++; print s}')
+        export TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+    fi
     # shellcheck disable=SC2034  # used by the job scripts that source this file
     COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_LIMIT_ARG_LIST[@]}"
         "${COURSE_ARG_LIST[@]}")
@@ -111,6 +118,8 @@ course_save_setup() {
         for name in "${COURSE_SETUP_CHANGED[@]}"; do printf 'export %s=%q\n' "$name" "${!name}"; done
         for name in "${COURSE_SETUP_REMOVED[@]}"; do printf 'unset %s\n' "$name"; done
         printf 'export COURSE_JOB_START=%q\n' "$COURSE_JOB_START"
+        [[ -z ${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-} ]] ||
+            printf 'export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=%q\n' "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
         echo "umask $(umask)"
     } > "$1"
 }
