@@ -88,8 +88,9 @@ course_read_time_limit() {
     local walltime="" grace=""
     COURSE_LIMIT_ARG_LIST=() COURSE_LIMIT_TEXT=""
     if [[ -n ${PBS_JOBID:-} ]] && command -v qstat >/dev/null; then
-        walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}')
-        grace=$(qstat -Qf "${PBS_QUEUE:-}" 2>/dev/null | awk '$1 == "kill_delay" {print $3}')
+        # A qstat that fails (a server this node cannot reach) leaves them empty: the job runs without a budget.
+        walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}') || walltime=""
+        grace=$(qstat -Qf "${PBS_QUEUE:-}" 2>/dev/null | awk '$1 == "kill_delay" {print $3}') || grace=""
         grace=${grace:-10}  # OpenPBS's default kill_delay (pbs_queue_attributes(7B))
         if [[ -n $walltime ]]; then
             COURSE_LIMIT_ARG_LIST+=(--stop-after "$walltime")
@@ -97,7 +98,7 @@ course_read_time_limit() {
         fi
         COURSE_LIMIT_TEXT+="${COURSE_LIMIT_TEXT:+; }SIGTERM to SIGKILL: $grace s (the queue's kill_delay)"
     elif [[ -n ${SLURM_JOB_ID:-} ]] && command -v scontrol >/dev/null; then
-        grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
+        grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}') || grace=""
         COURSE_LIMIT_TEXT="SIGUSR1 ahead of it (--signal=B:USR1@...) asks the run to stop with a checkpoint, and the job requeues itself${grace:+; SIGTERM to SIGKILL: $grace s (KillWait)}"
     fi
     if [[ -n $grace ]]; then
@@ -241,7 +242,7 @@ course_continue() {
 # True when the job's SIGTERM came at the walltime (qdel before it is the user's wish to stop).
 course_past_walltime() {
     local walltime seconds=0 part
-    walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}')
+    walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}') || return 1
     [[ -n $walltime && -n $COURSE_SIGTERM_AT ]] || return 1
     for part in ${walltime//:/ }; do seconds=$((seconds * 60 + 10#$part)); done
     ((COURSE_SIGTERM_AT + $(date +%s) - SECONDS - COURSE_JOB_START + 5 >= seconds))
