@@ -191,7 +191,9 @@ def test_a_time_budget_that_cannot_hold_a_step_is_one_line_on_every_rank_before_
     assert_one_line_error(done, "--stop-after 0:00:01 leaves no time for a step: this run started",
                           "(--stop-margin)", "ask for a longer walltime")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and errors[0] == errors[1]  # both ranks, the same line
+    # Both ranks found it and raise the same line (fail_together: "[and on 1 more rank(s)]"); the second rank's
+    # print may not come, since torchrun stops the rest of the group once the first rank has exited.
+    assert errors and len(set(errors)) == 1 and errors[0].endswith("[and on 1 more rank(s)]"), errors
     assert "epoch 1/" not in done.stdout and not checkpoints.checkpoints_in(tmp_path / "short-checkpoints")
 
 
