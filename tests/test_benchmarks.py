@@ -75,6 +75,7 @@ def test_not_accepted_is_told_from_a_failure():
     assert harness.why_not_accepted("Traceback (most recent call last):\nRuntimeError: boom") is None
 
 
+@pytest.mark.slow
 def test_an_entry_the_scripts_do_not_accept_is_skipped_and_said(tmp_path):
     """Real runs of the scripts with a mode and a data set they do not know: skipped, with their reason."""
     machine = harness.Machine(gpus=0, cores=2)
@@ -91,6 +92,7 @@ def test_an_entry_the_scripts_do_not_accept_is_skipped_and_said(tmp_path):
     assert harness.is_skipped(harness.Run(ddp, no_data, harness.Layout(2, 1, 64), "scaling"), machine)
 
 
+@pytest.mark.slow
 def test_a_real_failure_is_not_taken_for_a_skip(tmp_path):
     machine = harness.Machine(gpus=0, cores=2)
     broken = harness.Method("broken", "step1_baseline.py", False, ("--timeout", "0"))  # argparse: must be >= 1
@@ -254,6 +256,7 @@ def test_sizes_and_repeats():
     assert allreduce_bandwidth.iterations_for(1024, 2**30) == 200
 
 
+@pytest.mark.slow
 def test_allreduce_benchmark_runs_on_gloo_and_compares_the_gradient_bucket(tmp_path):
     done = run_benchmark("allreduce_bandwidth.py", "--max-bytes", "64K", "--budget", "256K", "--records", tmp_path)
     assert_ok(done)
@@ -270,6 +273,7 @@ def test_allreduce_benchmark_runs_on_gloo_and_compares_the_gradient_bucket(tmp_p
 
 # ---- time to accuracy, figures ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_time_to_accuracy_writes_a_record_with_medians(tmp_path):
     done = run_benchmark("time_to_accuracy.py", "--repeats", 1, "--max-epochs", 1, "--target", 0.5,
                          "--records", tmp_path)
@@ -280,6 +284,7 @@ def test_time_to_accuracy_writes_a_record_with_medians(tmp_path):
     assert "| the pytorch/examples MNIST recipe |" in done.stdout and "| the course's default |" in done.stdout
 
 
+@pytest.mark.slow
 def test_figures_from_the_committed_records(tmp_path):
     done = run_benchmark("plots.py", "--records", REPO / "benchmarks" / "results", "--figs", tmp_path)
     assert_ok(done)
@@ -294,6 +299,7 @@ def gpu_check(*args, env=None):
                           env=env or script_env(), capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_gpu_check_plans_every_step_for_four_gpus():
     done = gpu_check("--dry-run", "--gpus", 4)
     assert_ok(done)
@@ -303,6 +309,7 @@ def test_gpu_check_plans_every_step_for_four_gpus():
     assert "NVIDIA_TF32_OVERRIDE=0" in out and "allreduce_bandwidth.py" in out and "harness.py" in out
 
 
+@pytest.mark.slow
 def test_gpu_check_on_one_gpu_runs_each_step_with_one_process():
     out = gpu_check("--dry-run", "--gpus", 1).stdout
     assert out.count("--nproc-per-node=1") == 3 and "verify_equivalence" not in out
@@ -349,6 +356,7 @@ def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
     assert "make gpu-check PY=" in done.stderr
 
 
+@pytest.mark.slow
 def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
     assert allreduce_bandwidth.without_nproc(["--nproc", "2", "--max-bytes", "4K", "--nproc=3"]) == ["--max-bytes", "4K"]
     done = run_benchmark("allreduce_bandwidth.py", "--nproc", 2, "--device", "cpu", "--max-bytes", "4K",
@@ -358,6 +366,7 @@ def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
     assert (record["world_size"], record["backend"], record["device"]) == (2, "gloo", "cpu")
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_a_notebook_on_a_node_where_the_course_kernel_is_not_registered(tmp_path):
     """The notebooks name the kernel "ddp-course"; a GPU node need not have it (no `make kernel` there)."""
     from tools import gpu_check

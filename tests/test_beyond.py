@@ -13,6 +13,8 @@ from helpers import (PYTHON, REPO, SCRIPTS, aborted_at_exit, assert_ok, assert_o
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
 
+pytestmark = pytest.mark.slow  # real 2-process runs of the demos and the scripts
+
 K = 4  # micro-batches per optimizer step in the accumulate demo
 
 
@@ -103,7 +105,6 @@ def test_accumulate_in_the_scripts_equals_one_step_on_the_larger_batch(tmp_path,
 
 # ------------------------------------------------------------ mixed precision
 
-@pytest.mark.slow
 def test_bf16_trains_to_the_same_accuracy_band_as_fp32(tmp_path):
     accuracy = {}
     for precision in ("fp32", "bf16"):

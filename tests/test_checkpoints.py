@@ -18,6 +18,8 @@ from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, asse
 from lesson import models
 from machinery import checkpoints
 
+pytestmark = pytest.mark.slow  # every test here compares runs that are killed, stopped or resumed
+
 RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4)
 
 
@@ -97,7 +99,6 @@ def test_a_crash_halfway_through_writing_a_checkpoint_leaves_the_one_before_load
     assert_same_weights(saved_weights(tmp_path, "crash"), uninterrupted["single"])
 
 
-@pytest.mark.slow  # three runs through a DataLoader worker: make test-fast leaves it out
 def test_the_dataloader_route_with_a_worker_resumes_exactly(tmp_path):
     loader = ("--loader", "dataloader", "--workers", 1)
     assert_ok(run_python("step1_baseline.py", *RUN, *loader, *run_outputs(tmp_path, "whole")))

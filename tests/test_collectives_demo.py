@@ -59,6 +59,7 @@ def test_only_rank_0_prints_in_rank_order(two_ranks):
     assert "  rank 1  before [10, 11]  after [[0, 1], [10, 11]]" in stdout
 
 
+@pytest.mark.slow
 def test_time_averaging_times_both_functions_on_both_models(tmp_path):
     record = tmp_path / "timings.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -88,6 +88,7 @@ def assert_healthy(done, world_size):
 
 # ---------------------------------------------------------------- placements the doctor accepts
 
+@pytest.mark.slow
 def test_one_rank_with_two_cores_is_healthy_and_the_table_says_where_it_runs():
     done = torchrun_doctor(1, doctor_env(), cores(2))
     assert_healthy(done, world_size=1)
@@ -97,6 +98,7 @@ def test_one_rank_with_two_cores_is_healthy_and_the_table_says_where_it_runs():
     assert row, done.stdout  # rank, host, node rank, local rank, no GPU, CUDA_VISIBLE_DEVICES='', 2 cores, 1 thread
 
 
+@pytest.mark.slow
 def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
     done = torchrun_doctor(1, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
     assert_healthy(done, world_size=1)
@@ -105,12 +107,14 @@ def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
 
 # ---------------------------------------------------------------- each misconfiguration, made for real
 
+@pytest.mark.slow
 def test_two_ranks_on_one_core_are_diagnosed():
     done = torchrun_doctor(2, doctor_env(), cores(1))
     found = assert_diagnosed(done, "one CPU core per rank")
     assert found[0].startswith(f"one CPU core per rank: {HOST} runs 2 rank(s) on 1 CPU core(s), "), found
 
 
+@pytest.mark.slow
 def test_a_node_file_that_lists_this_host_twice_is_diagnosed(tmp_path):
     done = launched_doctor([HOST, HOST], tmp_path, doctor_env(), cores(2), "--nproc-per-node", "1")
     found = assert_diagnosed(done, "a host listed twice")
@@ -118,6 +122,7 @@ def test_a_node_file_that_lists_this_host_twice_is_diagnosed(tmp_path):
     assert "launch.py: PBS job 4242.pbs-test" in done.stdout  # the course's launcher started it, as a job does
 
 
+@pytest.mark.slow
 def test_ranks_on_a_host_the_job_was_not_granted_are_diagnosed(tmp_path):
     done = launched_doctor(["gpu-node-07"], tmp_path, doctor_env(), cores(2), "--nproc-per-node", "1")
     found = assert_diagnosed(done, "a host not granted")
@@ -125,6 +130,7 @@ def test_ranks_on_a_host_the_job_was_not_granted_are_diagnosed(tmp_path):
                                "(PBS_NODEFILE: gpu-node-07); "), found
 
 
+@pytest.mark.slow
 def test_two_torchruns_on_one_host_put_two_ranks_on_one_gpu():
     """Two launchers on one host (--nnodes=2, both here): each numbers its local ranks from 0, so both ranks
     would train on cuda:0."""
@@ -145,6 +151,7 @@ def test_two_torchruns_on_one_host_put_two_ranks_on_one_gpu():
     assert found[2].startswith(f"a host listed twice: {HOST} runs the ranks of 2 torchruns (node ranks 0, 1): "), found
 
 
+@pytest.mark.slow
 def test_a_node_with_fewer_gpus_than_ranks_is_diagnosed():
     done = torchrun_doctor(2, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
     found = assert_diagnosed(done, "fewer GPUs than ranks", "one CPU core per rank")
@@ -153,6 +160,7 @@ def test_a_node_with_fewer_gpus_than_ranks_is_diagnosed():
                                "(--nproc-per-node=1)"), found
 
 
+@pytest.mark.slow
 def test_a_gpu_this_build_has_no_kernels_for_is_diagnosed_with_the_cuda_12_route():
     """GPU 0 is a Volta (7.0), GPU 1 a Hopper (9.0): only GPU 0 is named."""
     done = torchrun_doctor(1, doctor_env(gpus="7.0,9.0"), cores(2), "--backend", "gloo")
@@ -164,6 +172,7 @@ def test_a_gpu_this_build_has_no_kernels_for_is_diagnosed_with_the_cuda_12_route
 
 # ---------------------------------------------------------------- the same architecture check before training
 
+@pytest.mark.slow
 def test_a_training_script_refuses_a_gpu_without_kernels_in_one_line_before_training():
     done = run_python("step1_baseline.py", "--device", "cuda", "--epochs", "1", "--max-steps", "1",
                       env=doctor_env(gpus="7.0"), timeout=RUN_SECONDS)

@@ -11,6 +11,7 @@ from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_erro
                       script_env)
 
 
+@pytest.mark.slow
 def test_missing_full_mnist_names_the_download_command(tmp_path):
     done = run_python("step1_baseline.py", "--dataset", "mnist", "--data-dir", tmp_path, "--epochs", 1)
     assert_one_line_error(done, "mnist not found", "python scripts/tools/download_data.py mnist")
@@ -20,14 +21,17 @@ def test_unknown_dataset_lists_the_choices():
     assert_one_line_error(run_python("step1_baseline.py", "--dataset", "imagenet"), "mnist5k", "mnist")
 
 
+@pytest.mark.slow
 def test_cuda_asked_for_without_a_gpu():
     assert_one_line_error(run_python("step1_baseline.py", "--device", "cuda"), "--device cpu")
 
 
+@pytest.mark.slow
 def test_nccl_asked_for_on_cpu():
     assert_one_line_error(run_torchrun("step4_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
 
 
+@pytest.mark.slow
 def test_a_gloo_interface_this_host_lacks():
     """Gloo alone would end in a C++ enforce failure and a traceback, on every rank."""
     done = run_torchrun("step4_ddp.py", "--max-steps", "1", env=script_env(GLOO_SOCKET_IFNAME="nope0"))
@@ -35,6 +39,7 @@ def test_a_gloo_interface_this_host_lacks():
     assert len(set(error_lines(done))) == 1  # each rank that got to say it, the same line
 
 
+@pytest.mark.slow
 def test_single_process_script_under_torchrun_with_two_processes():
     assert_one_line_error(run_torchrun("step1_baseline.py"), "start it with python")
 
@@ -55,6 +60,7 @@ def assert_no_training(done):
     assert "epoch 1/" not in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_results_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
     done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
@@ -62,6 +68,7 @@ def test_results_dir_that_is_a_file(tmp_path):
     assert_no_training(done)
 
 
+@pytest.mark.slow
 def test_checkpoint_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
     done = run_python("step1_baseline.py", *SHORT, "--results-dir", tmp_path / "r", "--checkpoint-dir", tmp_path / "taken")
@@ -69,12 +76,14 @@ def test_checkpoint_dir_that_is_a_file(tmp_path):
     assert_no_training(done)
 
 
+@pytest.mark.slow
 def test_save_path_that_is_a_folder(tmp_path):
     done = run_python("step1_baseline.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path)
     assert_one_line_error(done, "--save", "is a folder")
     assert_no_training(done)
 
 
+@pytest.mark.slow
 def test_save_path_that_cannot_be_written(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
     done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
@@ -82,16 +91,19 @@ def test_save_path_that_cannot_be_written(tmp_path):
     assert_no_training(done)
 
 
+@pytest.mark.slow
 def test_rank_set_without_the_rest_of_torchruns_variables():
     done = run_python("step4_ddp.py", *SHORT, env=script_env(RANK=0))
     assert_one_line_error(done, "RANK set but not", "MASTER_ADDR", "start the script with torchrun")
 
 
+@pytest.mark.slow
 def test_inconsistent_world_size():
     env = script_env(RANK=3, LOCAL_RANK=0, WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=29999)
     assert_one_line_error(run_python("step4_ddp.py", *SHORT, env=env), "inconsistent torchrun variables", "RANK=3")
 
 
+@pytest.mark.slow
 def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
     raw = tmp_path / "mnist5k" / "MNIST" / "raw"
     shutil.copytree(REPO / "data" / "mnist5k" / "MNIST" / "raw", raw)
@@ -123,6 +135,7 @@ def damaged_copy(finished_run, tmp_path, damage):
 
 @pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 3], lambda data: b"\x00garbage" * 1000],
                          ids=["truncated", "corrupt"])
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage):
     folder, newest = damaged_copy(finished_run, tmp_path, damage)
     before = newest.read_bytes()
@@ -133,6 +146,7 @@ def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage
     assert newest.read_bytes() == before and (folder / "checkpoint-00000002.pt").exists()  # nothing lost
 
 
+@pytest.mark.slow
 def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_path):
     done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, *output_folders(tmp_path),
                         "--resume", finished_run / "weights.pt")
@@ -149,6 +163,7 @@ def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_pa
     (run_torchrun, ("--batch-size", 32, "--dataset", "synthetic-cifar10", "--model", "resnet18-cifar"),
      "dataset mnist5k -> synthetic-cifar10"),
 ], ids=["world size", "batch size", "optimizer", "model", "data set"])
+@pytest.mark.slow
 def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
@@ -158,6 +173,7 @@ def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, l
     assert_no_training(done)
 
 
+@pytest.mark.slow
 def test_ranks_that_see_different_checkpoints_stop_together_before_training(finished_run, tmp_path):
     """Two torchrun agents, one per 'node', each in its own working directory with the same relative
     --checkpoint-dir, as on two nodes without a shared file system: node 0's folder holds the finished
@@ -197,6 +213,7 @@ def test_ranks_that_see_different_checkpoints_stop_together_before_training(fini
     assert messages[0].endswith("put --checkpoint-dir on a file system every node shares"), messages[0]
 
 
+@pytest.mark.slow
 def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_path):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)
@@ -208,6 +225,7 @@ def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_
     assert (folder / "checkpoint-00000002.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_fresh_start_replaces_a_finished_run(finished_run, tmp_path):
     folder = tmp_path / "checkpoints"
     shutil.copytree(finished_run / "checkpoints", folder)

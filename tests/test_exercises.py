@@ -164,6 +164,10 @@ def placeholder_function(*args):
 
 
 IDS = sorted(EXERCISES)
+# The checks run: those of exercises that start processes, read a real run or build ResNet-18s are slow.
+NEEDS_A_RUN = {"00.2", "04.2", "06.1", "07.1", "07.2"}
+CHECKED = [pytest.param(exercise_id, marks=pytest.mark.slow) if exercise_id in NEEDS_A_RUN else exercise_id
+           for exercise_id in IDS]
 
 
 def test_every_notebook_has_exercises():
@@ -172,7 +176,7 @@ def test_every_notebook_has_exercises():
         "05_checkpoints_and_faults", "06_real_models", "07_beyond_ddp", "08_performance", "09_when_it_hangs"]
 
 
-@pytest.mark.parametrize("exercise_id", IDS)
+@pytest.mark.parametrize("exercise_id", CHECKED)
 def test_the_solution_passes_its_check(exercise_id, request, tmp_path, capsys):
     exercise = EXERCISES[exercise_id]
     names, extra = context(exercise_id, request, tmp_path)
@@ -181,7 +185,7 @@ def test_the_solution_passes_its_check(exercise_id, request, tmp_path, capsys):
     assert f"Exercise {exercise.number}: correct." in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("exercise_id", IDS)
+@pytest.mark.parametrize("exercise_id", CHECKED)
 def test_a_wrong_answer_fails_its_check(exercise_id, request, tmp_path):
     exercise = EXERCISES[exercise_id]
     _, extra = context(exercise_id, request, tmp_path)
@@ -189,7 +193,7 @@ def test_a_wrong_answer_fails_its_check(exercise_id, request, tmp_path):
         exercise.check(**wrong_answers(exercise_id, extra), **extra)
 
 
-@pytest.mark.parametrize("exercise_id", IDS)
+@pytest.mark.parametrize("exercise_id", CHECKED)
 def test_a_placeholder_is_not_attempted_and_does_not_fail(exercise_id, request, tmp_path, capsys):
     exercise = EXERCISES[exercise_id]
     _, extra = context(exercise_id, request, tmp_path)

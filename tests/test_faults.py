@@ -20,6 +20,7 @@ from machinery import stragglers
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
     done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--timeout", 5,
                         "--fault", "stall", "--fault-rank", 1, "--fault-step", 3, timeout=180)
@@ -30,6 +31,7 @@ def test_a_stalled_rank_ends_the_job_after_the_timeout_and_is_named(tmp_path):
     assert_one_line_error(done, "rank 0 waited longer than --timeout 5 s in a collective", "rank 1 last reported step")
 
 
+@pytest.mark.slow
 def test_a_rank_that_exits_early_ends_the_job_and_torchrun_names_it(tmp_path):
     done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path),
                         "--fault", "exit", "--fault-rank", 1, "--fault-step", 3, timeout=180)
@@ -39,6 +41,7 @@ def test_a_rank_that_exits_early_ends_the_job_and_torchrun_names_it(tmp_path):
     assert "rank      : 1" in root_cause and "exitcode  : 3" in root_cause, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_data_missing_on_one_node_stops_every_rank_with_the_same_message(tmp_path):
     """Two torchrun agents, one per 'node', meet on loopback; node 1's --data-dir is empty.
     (torchrun's static rendezvous keeps --node-rank, so rank 1 is the node without data.)"""

@@ -50,12 +50,14 @@ def body_parameters(state):
     return [name for name in state if name in names and not name.startswith(finetune.HEAD)]
 
 
+@pytest.mark.slow
 def test_the_head_is_sized_to_the_class_folders(runs):
     for run in runs.values():
         assert run["weights"]["fc.weight"].shape == (2, 512) and run["weights"]["fc.bias"].shape == (2,)
         assert run["record"]["dataset"] == "imagefolder" and run["record"]["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_with_the_head_alone_training_every_other_weight_is_the_files(runs, files):
     trained, pretrained = runs["head"]["weights"], files["state"]
     body = body_parameters(trained)
@@ -66,12 +68,14 @@ def test_with_the_head_alone_training_every_other_weight_is_the_files(runs, file
     assert not torch.equal(trained["bn1.running_mean"], pretrained["bn1.running_mean"])
 
 
+@pytest.mark.slow
 def test_with_every_layer_training_the_body_moves_away_from_the_file(runs, files):
     trained, pretrained = runs["all"]["weights"], files["state"]
     moved = [name for name in body_parameters(trained) if not torch.equal(trained[name], pretrained[name])]
     assert len(moved) == 60
 
 
+@pytest.mark.slow
 def test_the_run_says_how_much_trains_and_how_many_gradient_bytes_ddp_reduces(runs):
     model = more_models.resnet18(num_classes=2)
     head = sum(p.numel() for name, p in model.named_parameters() if name.startswith(finetune.HEAD))
@@ -82,6 +86,7 @@ def test_the_run_says_how_much_trains_and_how_many_gradient_bytes_ddp_reduces(ru
             in runs["all"]["stdout"]), runs["all"]["stdout"]
 
 
+@pytest.mark.slow
 def test_validation_over_two_ranks_is_the_whole_val_split_exactly(runs, files):
     """The record's loss and accuracy equal one process scoring every val image with the saved weights."""
     _, val = datasets.read_datasets("imagefolder", files["data_dir"])
@@ -123,6 +128,7 @@ def ddp_reduced_bytes(rank, world_size):
     return counts
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
     for counts in run_in_group(ddp_reduced_bytes):
         for reduced, counted in counts.values():
@@ -133,17 +139,20 @@ def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
 
 # ---------------------------------------------------------------- one-line errors
 
+@pytest.mark.slow
 def test_missing_pretrained_weights_name_the_download_command(files, tmp_path):
     done = run_python("step6_finetune.py", "--pretrained", "--data-dir", files["data_dir"],
                       "--checkpoint-dir", tmp_path / "c", env=script_env(TORCH_HOME=tmp_path / "torch-home"))
     assert_one_line_error(done, "ResNet-18 weights", "not found", "python scripts/tools/download_data.py resnet18-weights")
 
 
+@pytest.mark.slow
 def test_a_missing_image_folder_names_the_hymenoptera_download(tmp_path, files):
     done = run_python("step6_finetune.py", "--weights", files["weights"], "--data-dir", tmp_path / "nothing")
     assert_one_line_error(done, "no train/ and no val/", "python scripts/tools/download_data.py hymenoptera")
 
 
+@pytest.mark.slow
 def test_weights_of_another_model_are_refused_in_one_line(tmp_path, files):
     torch.save(models.Net().state_dict(), tmp_path / "net.pt")
     done = run_torchrun("step6_finetune.py", "--weights", tmp_path / "net.pt", "--data-dir", files["data_dir"],

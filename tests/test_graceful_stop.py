@@ -48,6 +48,7 @@ def newest_checkpoint(folder):
     return checkpoints.read(checkpoints.checkpoints_in(folder)[-1], torch.device("cpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, name", [("sigterm", "SIGTERM"), ("sigint", "SIGINT")])
 def test_a_signal_to_torchrun_stops_every_rank_after_the_same_step_and_the_run_resumes_exactly(
         uninterrupted, tmp_path, fault, name):
@@ -75,6 +76,7 @@ def test_a_signal_to_torchrun_stops_every_rank_after_the_same_step_and_the_run_r
     assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["ddp"])
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_alone_stops_every_rank_after_the_same_step(uninterrupted, tmp_path):
     """SIGTERM to rank 1 alone (as `kill` of one worker sends it): rank 0 learns of it only from the ranks'
     agreement, yet stops after the same step, and writes the checkpoint of it with both ranks' state."""
@@ -92,6 +94,7 @@ def test_a_signal_to_one_rank_alone_stops_every_rank_after_the_same_step(uninter
     assert_same_weights(saved_weights(tmp_path, "one-rank"), uninterrupted["ddp"])
 
 
+@pytest.mark.slow
 def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_evaluation(uninterrupted, tmp_path):
     """Asked during step 5 of a 6-step epoch: the stop lands on step 6, the epoch's last, so the epoch's
     evaluation and checkpoint come first; a single process signals itself."""
@@ -108,6 +111,7 @@ def test_a_signal_at_the_last_step_of_an_epoch_stops_after_its_evaluation(uninte
     assert_same_weights(saved_weights(tmp_path, "epoch-end"), uninterrupted["single"])
 
 
+@pytest.mark.slow
 def test_a_stop_file_stops_the_run_after_one_more_step_with_status_0(uninterrupted, tmp_path):
     """STOP in the checkpoint folder (what the Slurm jobs write on their warning signal): the run trains a
     step, stops after the next one, removes the request and exits 0, so torchrun restarts nothing."""
@@ -127,6 +131,7 @@ def test_a_stop_file_stops_the_run_after_one_more_step_with_status_0(uninterrupt
 
 # ---------------------------------------------------------------- plain torchrun restarts
 
+@pytest.mark.slow
 def test_plain_torchrun_restarts_a_killed_worker_ten_times_and_the_run_ends_with_the_same_weights(
         uninterrupted, tmp_path):
     """Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE, torchrun hands every restarted group the store of the
@@ -186,6 +191,7 @@ def test_rank_0_of_a_restarted_group_posts_a_store_of_its_own_that_the_others_fi
 
 # ---------------------------------------------------------------- bad inputs: one line before training
 
+@pytest.mark.slow
 def test_a_time_budget_that_cannot_hold_a_step_is_one_line_on_every_rank_before_training(tmp_path):
     done = run_torchrun("step4_ddp.py", *RUN, *run_outputs(tmp_path, "short"), "--stop-after", "0:00:01")
     assert_one_line_error(done, "--stop-after 0:00:01 leaves no time for a step: this run started",
@@ -197,6 +203,7 @@ def test_a_time_budget_that_cannot_hold_a_step_is_one_line_on_every_rank_before_
     assert "epoch 1/" not in done.stdout and not checkpoints.checkpoints_in(tmp_path / "short-checkpoints")
 
 
+@pytest.mark.slow
 def test_a_grace_period_shorter_than_a_checkpoint_is_one_line_before_training(tmp_path):
     done = run_python("step1_baseline.py", *RUN, *run_outputs(tmp_path, "grace"), "--grace-period", "0.000001")
     assert_one_line_error(done, "a checkpoint of this run takes about", "longer than the 1e-06 s between a "
@@ -204,6 +211,7 @@ def test_a_grace_period_shorter_than_a_checkpoint_is_one_line_before_training(tm
     assert "epoch 1/" not in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["soon", "1:2:3:4", "0"])
 def test_a_stop_after_that_is_not_a_duration_is_refused_by_the_parser(value):
     done = run_python("step1_baseline.py", "--stop-after", value)
@@ -217,6 +225,7 @@ def test_durations_read_as_a_scheduler_writes_them():
 
 # ---------------------------------------------------------------- starting over on purpose
 
+@pytest.mark.slow
 def test_start_over_moves_an_unfinished_run_aside_and_starts_fresh(uninterrupted, tmp_path):
     command = (*RUN, *run_outputs(tmp_path, "again"))
     stopped = run_python("step1_baseline.py", *command, "--fault", "sigterm", "--fault-step", 3, *GRACE)
@@ -237,11 +246,13 @@ def test_start_over_moves_an_unfinished_run_aside_and_starts_fresh(uninterrupted
     assert_same_weights(saved_weights(tmp_path, "again"), uninterrupted["single"])
 
 
+@pytest.mark.slow
 def test_start_over_and_resume_exclude_each_other():
     done = run_python("step1_baseline.py", "--resume", "--start-over")
     assert done.returncode == 2 and "--start-over and --resume exclude each other" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace", [("--grace-period", "3"), ()], ids=["grace-period", "none-given"])
 def test_a_stuck_process_ends_itself_after_sigterm(tmp_path, grace):
     """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes, as in a hung

@@ -3,9 +3,13 @@ group's timeout, with the message the notebook shows; py-spy finds where every r
 import re
 import subprocess
 
+import pytest
+
 from demos import runner
 from helpers import REPO, SCRIPTS, script_env, torchrun_command
 from notebook_support import rank_stacks
+
+pytestmark = pytest.mark.slow  # every test here waits out a hung job's timeout
 
 HANGS = SCRIPTS / "demos" / "hangs.py"
 RUN_SECONDS = 300  # far above any demo's --timeout: a run that reaches it did not end by itself

@@ -339,6 +339,7 @@ def test_cli_unresolvable_rendezvous_host_fails_at_once(tmp_path):
     assert_torchrun_never_started(result)
 
 
+@pytest.mark.slow
 def test_runs_torchrun_for_real_without_a_scheduler(tmp_path):
     result = run_launcher("--nproc-per-node", "2", SCRIPT, *SHORT_RUN.split(), "--results-dir", str(tmp_path),
                           "--run-name", "standalone", timeout=240)

@@ -6,6 +6,8 @@ import pytest
 from helpers import REPO, SCRIPTS, assert_ok, read_json, run_torchrun, script_env
 from machinery import cli
 
+pytestmark = pytest.mark.slow  # real torchruns of 1 and 2 processes, several epochs each
+
 BASE = 2e-3  # Adam's default rate, for --batch-size 64 (scripts/lesson/loop.py)
 GAMMA = 0.7  # --gamma, once an epoch
 STEPS = 3  # --max-steps: optimizer steps per epoch

@@ -60,6 +60,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(reference
     assert all(torch.equal(split[name], again[name]) for name in split)
 
 
+@pytest.mark.slow
 def test_a_model_that_is_not_a_resnet_is_refused_in_one_line(tmp_path):
     done = run_torchrun("step6_model_parallel.py", "--dataset", "mnist5k", "--model", "net",
                         "--checkpoint-dir", tmp_path)

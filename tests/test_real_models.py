@@ -145,6 +145,7 @@ def test_every_model_returns_logits_not_probabilities(name):
 
 @pytest.mark.parametrize("model, dataset, fix", [("net", "synthetic-cifar10", "--model resnet18 or resnet18-cifar"),
                                                  ("resnet18", "mnist5k", "--model net")])
+@pytest.mark.slow
 def test_a_model_that_cannot_take_the_images_is_refused_in_one_line(model, dataset, fix):
     assert_one_line_error(run_python("step1_baseline.py", "--dataset", dataset, "--model", model), "takes", fix)
 
@@ -173,6 +174,7 @@ def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request
     assert more_models.resnet18().load_state_dict(saved_weights(folder, name))  # strict: a plain ResNet-18's weights
 
 
+@pytest.mark.slow
 def test_the_synthetic_set_trains_without_any_file(tmp_path):
     done = run_torchrun("step4_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
                         "--max-steps", 2, "--batch-size", 16, *run_outputs(tmp_path, "synthetic"),
@@ -245,11 +247,13 @@ def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(
 
 # ---------------------------------------------------------------- one-line errors
 
+@pytest.mark.slow
 def test_missing_cifar10_names_the_download_command(tmp_path):
     done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", tmp_path)
     assert_one_line_error(done, "cifar10 not found", "python scripts/tools/download_data.py cifar10")
 
 
+@pytest.mark.slow
 def test_cifar10_files_that_fail_the_md5_check_are_called_damaged(cifar):
     done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", cifar["data_dir"])
     assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)", "python scripts/tools/download_data.py cifar10")

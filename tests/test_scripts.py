@@ -73,6 +73,7 @@ def test_allreduce_and_ddp_train_identically(case_run):
         assert a["test_accuracy"] == pytest.approx(d["test_accuracy"], abs=2e-3)
 
 
+@pytest.mark.slow
 def test_dataloader_route_runs_with_workers(results_dir, tmp_path):
     done = run_python("step1_baseline.py", *SHORT, "--loader", "dataloader", "--workers", 1,
                       "--results-dir", results_dir, "--run-name", "run", "--checkpoint-dir", tmp_path / "checkpoints")
@@ -132,7 +133,8 @@ def test_every_script_that_calls_set_epoch_is_checked_below():
 ORDERS_FROM_CASES = {"step4_ddp.py": "step4_ddp", "step2_allreduce.py": "step2_allreduce bucket"}
 
 
-@pytest.mark.parametrize("script", SHUFFLING_SCRIPTS)
+@pytest.mark.parametrize("script", [script if script in ORDERS_FROM_CASES else pytest.param(script, marks=pytest.mark.slow)
+                                    for script in SHUFFLING_SCRIPTS])  # slow: the scripts that need runs of their own
 def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, tmp_path, case_run):
     extra = SHUFFLING_SCRIPTS[script](tmp_path)
     if script in ORDERS_FROM_CASES:

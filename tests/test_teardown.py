@@ -17,7 +17,8 @@ import pytest
 
 from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun, script_env
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")]
 
 EXIT_HOOK = """
 import atexit, json, os
