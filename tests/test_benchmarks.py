@@ -160,6 +160,23 @@ def test_targets_that_are_missed_or_cannot_be_measured_say_so():
     assert "| **no** |" in table and "not measured: step2_allreduce.py has no --mode overlap-bucket yet" in table
 
 
+def test_on_one_gpu_the_communication_targets_are_not_judged():
+    """With one GPU every distributed method is a world of one: its steps cannot show overlap or bucketing."""
+    record = synthetic_record({"all_reduce per-parameter": 0.1, "all_reduce bucket": 0.14,
+                               "all_reduce overlap-bucket": 0.2, "DDP": 0.15})
+    for row in record["rows"]:
+        row["processes"], row["threads"] = 1, None
+    record["machine"] = {"gpus": 1, "cores": 16}
+    targets = targets_by_name(record)
+    for name in ("overlap-bucket step / DDP step", "after-backward bucket step / overlap-bucket step",
+                 "per-parameter step / slowest other method's step"):
+        assert targets[name]["met"] is None and "needs 2 or more GPUs" in targets[name]["note"], name
+    record["machine"]["gpus"] = 0  # the same steps from 2 processes are judged (and here all missed)
+    for row in record["rows"]:
+        if row["method"] != "one process":
+            row["processes"] = 2
+    assert targets_by_name(record)["overlap-bucket step / DDP step"]["met"] is False
+
 def test_targets_measured_on_a_busy_machine_are_shown_but_not_judged():
     record = synthetic_record({"all_reduce per-parameter": 0.2, "all_reduce bucket": 0.14, "DDP": 0.128}, mfu=0.71)
     record["load_average"] = {"max": 2.5, "samples": [1.0, 2.5]}  # more runnable work than the 2 cores
@@ -225,8 +242,10 @@ def test_the_performance_page_quotes_exactly_the_committed_records():
 def test_every_committed_record_is_quoted_or_named_on_the_performance_page():
     """A record nobody reads judges nothing: each file in benchmarks/results/ is on the page, as a block or by name."""
     page = report.PAGE.read_text()
-    for record in sorted((REPO / "benchmarks" / "results").glob("*.json")):
-        assert f"benchmarks/results/{record.name}" in page, f"{record.name} is committed but docs/performance.md never names it"
+    records = REPO / "benchmarks" / "results"
+    for record in sorted(records.rglob("*.json")):  # the GPU records in gpu/ too
+        name = record.relative_to(records).as_posix()
+        assert f"benchmarks/results/{name}" in page, f"{name} is committed but docs/performance.md never names it"
 
 
 def test_a_changed_record_no_longer_matches_its_block():
