@@ -1,4 +1,9 @@
-"""Bad input gets one clear line naming the fix and a non-zero exit, never a traceback."""
+"""Bad input gets one clear line naming the fix and a non-zero exit, never a traceback.
+
+Where the check is no business of several ranks, the DDP script runs under plain python, a world of one
+(each process costs seconds of CPU before its first line); torchrun's two processes stay where the claim
+is about every rank, or about torchrun itself.
+"""
 import os
 import re
 import shutil
@@ -9,6 +14,7 @@ import pytest
 
 from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, reserved_port, run_python, run_torchrun,
                       script_env)
+from machinery import cli
 
 
 @pytest.mark.slow
@@ -28,7 +34,7 @@ def test_cuda_asked_for_without_a_gpu():
 
 @pytest.mark.slow
 def test_nccl_asked_for_on_cpu():
-    assert_one_line_error(run_torchrun("step4_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
+    assert_one_line_error(run_python("step4_ddp.py", "--backend", "nccl", "--device", "cpu"), "--backend gloo")
 
 
 @pytest.mark.slow
@@ -45,9 +51,13 @@ def test_single_process_script_under_torchrun_with_two_processes():
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--batch-size"])
-def test_non_positive_numbers_are_refused_by_the_parser(flag):
-    done = run_python("step1_baseline.py", flag, "0")
-    assert done.returncode == 2 and "must be at least 1" in done.stderr and "Traceback" not in done.stderr
+def test_non_positive_numbers_are_refused_by_the_parser(flag, capsys):
+    """The parser every training script reads its command line with (cli.parse_args, its first call), here in
+    this process: argparse's usage error, exit status 2, no traceback."""
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args([flag, "0"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2 and "must be at least 1" in stderr and "Traceback" not in stderr
 
 
 # ---------------------------------------------------------------- caught before any training
@@ -63,7 +73,7 @@ def assert_no_training(done):
 @pytest.mark.slow
 def test_results_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
-    done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
+    done = run_python("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
     assert_one_line_error(done, "--results-dir", "is a file, not a folder")
     assert_no_training(done)
 
@@ -86,7 +96,7 @@ def test_save_path_that_is_a_folder(tmp_path):
 @pytest.mark.slow
 def test_save_path_that_cannot_be_written(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
-    done = run_torchrun("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
+    done = run_python("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
     assert_one_line_error(done, "--save's folder", "cannot be created")
     assert_no_training(done)
 
@@ -114,14 +124,25 @@ def test_a_truncated_data_file_is_reported_as_damaged_not_missing(tmp_path):
     assert "not found" not in done.stderr
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A finished 2-process run with its checkpoints: steps 2 (mid-epoch) and 3 (end)."""
-    folder = tmp_path_factory.mktemp("finished")
-    done = run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
-                        "--batch-size", 32, *output_folders(folder), "--save", folder / "weights.pt")
+def finish_a_run(launch, folder):
+    """A finished run with its checkpoints, steps 2 (mid-epoch) and 3 (end), and its final weights."""
+    done = launch("step4_ddp.py", "--epochs", 1, "--max-steps", 3, "--checkpoint-every", 2,
+                  "--batch-size", 32, *output_folders(folder), "--save", folder / "weights.pt")
     assert "epoch 1/1" in done.stdout, done.stderr
     return folder
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-process run (torchrun): for the checks about a world of two."""
+    return finish_a_run(run_torchrun, tmp_path_factory.mktemp("finished"))
+
+
+@pytest.fixture(scope="module")
+def finished_alone(tmp_path_factory):
+    """The same run in a world of one (python step4_ddp.py): a later python run differs from it only in what
+    a test changes."""
+    return finish_a_run(run_python, tmp_path_factory.mktemp("finished-alone"))
 
 
 def damaged_copy(finished_run, tmp_path, damage):
@@ -136,10 +157,10 @@ def damaged_copy(finished_run, tmp_path, damage):
 @pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 3], lambda data: b"\x00garbage" * 1000],
                          ids=["truncated", "corrupt"])
 @pytest.mark.slow
-def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage):
-    folder, newest = damaged_copy(finished_run, tmp_path, damage)
+def test_a_damaged_checkpoint_is_refused_and_kept(finished_alone, tmp_path, damage):
+    folder, newest = damaged_copy(finished_alone, tmp_path, damage)
     before = newest.read_bytes()
-    done = run_torchrun("step4_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
+    done = run_python("step4_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
                         "--checkpoint-dir", folder, "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "checkpoint-00000003.pt cannot be read", "move it out of the folder")
     assert_no_training(done)
@@ -147,28 +168,30 @@ def test_a_damaged_checkpoint_is_refused_and_kept(finished_run, tmp_path, damage
 
 
 @pytest.mark.slow
-def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_run, tmp_path):
-    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, *output_folders(tmp_path),
-                        "--resume", finished_run / "weights.pt")
+def test_a_weights_file_given_to_resume_is_not_a_checkpoint(finished_alone, tmp_path):
+    done = run_python("step4_ddp.py", *SHORT, "--batch-size", 32, *output_folders(tmp_path),
+                      "--resume", finished_alone / "weights.pt")
     assert_one_line_error(done, "is not a checkpoint of this course")
     assert_no_training(done)
 
 
-@pytest.mark.parametrize("launch, extra, difference", [
-    (run_python, ("--batch-size", 32), "world_size 2 -> 1"),
-    (run_torchrun, ("--batch-size", 64), "batch_size 32 -> 64"),
-    (run_torchrun, ("--batch-size", 32, "--optimizer", "sgd"), "optimizer adam -> sgd"),
-    (run_torchrun, ("--batch-size", 32, "--model", "net-bn"), "model net -> net-bn"),
+# Each later run is one process, and differs from the finished run it resumes in one setting only: the world
+# size (the 2-process run), or what it passes (the run of one process).
+@pytest.mark.parametrize("finished, extra, difference", [
+    ("finished_run", ("--batch-size", 32), "world_size 2 -> 1"),
+    ("finished_alone", ("--batch-size", 64), "batch_size 32 -> 64"),
+    ("finished_alone", ("--batch-size", 32, "--optimizer", "sgd"), "optimizer adam -> sgd"),
+    ("finished_alone", ("--batch-size", 32, "--model", "net-bn"), "model net -> net-bn"),
     # The Net takes MNIST's 1x28x28 images only: a CIFAR-shaped data set comes with the ResNet for CIFAR.
-    (run_torchrun, ("--batch-size", 32, "--dataset", "synthetic-cifar10", "--model", "resnet18-cifar"),
+    ("finished_alone", ("--batch-size", 32, "--dataset", "synthetic-cifar10", "--model", "resnet18-cifar"),
      "dataset mnist5k -> synthetic-cifar10"),
 ], ids=["world size", "batch size", "optimizer", "model", "data set"])
 @pytest.mark.slow
-def test_a_checkpoint_of_another_run_says_what_differs(finished_run, tmp_path, launch, extra, difference):
+def test_a_checkpoint_of_another_run_says_what_differs(request, tmp_path, finished, extra, difference):
     folder = tmp_path / "checkpoints"
-    shutil.copytree(finished_run / "checkpoints", folder)
-    done = launch("step4_ddp.py", "--epochs", 2, *extra, "--checkpoint-dir", folder,
-                  "--results-dir", tmp_path / "r", "--resume")
+    shutil.copytree(request.getfixturevalue(finished) / "checkpoints", folder)
+    done = run_python("step4_ddp.py", "--epochs", 2, *extra, "--checkpoint-dir", folder,
+                      "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "is from another run", difference)
     assert_no_training(done)
 
@@ -214,23 +237,23 @@ def test_ranks_that_see_different_checkpoints_stop_together_before_training(fini
 
 
 @pytest.mark.slow
-def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_run, tmp_path):
+def test_a_fresh_start_refuses_to_overwrite_an_unfinished_run(finished_alone, tmp_path):
     folder = tmp_path / "checkpoints"
-    shutil.copytree(finished_run / "checkpoints", folder)
+    shutil.copytree(finished_alone / "checkpoints", folder)
     (folder / "checkpoint-00000003.pt").unlink()  # the newest left is mid-epoch: unfinished
-    done = run_torchrun("step4_ddp.py", *SHORT, "--batch-size", 32, "--checkpoint-dir", folder,
-                        "--results-dir", tmp_path / "r")
+    done = run_python("step4_ddp.py", *SHORT, "--batch-size", 32, "--checkpoint-dir", folder,
+                      "--results-dir", tmp_path / "r")
     assert_one_line_error(done, "holds an unfinished run", "add --resume")
     assert_no_training(done)
     assert (folder / "checkpoint-00000002.pt").exists()
 
 
 @pytest.mark.slow
-def test_a_fresh_start_replaces_a_finished_run(finished_run, tmp_path):
+def test_a_fresh_start_replaces_a_finished_run(finished_alone, tmp_path):
     folder = tmp_path / "checkpoints"
-    shutil.copytree(finished_run / "checkpoints", folder)
-    done = run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 1, "--batch-size", 32,
-                        "--checkpoint-dir", folder, "--results-dir", tmp_path / "r")
+    shutil.copytree(finished_alone / "checkpoints", folder)
+    done = run_python("step4_ddp.py", "--epochs", 1, "--max-steps", 1, "--batch-size", 32,
+                      "--checkpoint-dir", folder, "--results-dir", tmp_path / "r")
     assert done.returncode == 0, done.stderr
     assert "starting fresh: the finished run's checkpoints" in done.stdout
     assert [p.name for p in sorted(folder.glob("checkpoint-*.pt"))] == ["checkpoint-00000001.pt"]
