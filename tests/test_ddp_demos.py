@@ -1,5 +1,6 @@
 """scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
-notebook 04_ddp says DDP does."""
+notebook 04_ddp says DDP does, and the script frees its process group before its ranks exit (the gloo
+threads each rank still has then, counted by tests/test_teardown.py's exit hook)."""
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import torch
 
 from demos import ddp_mechanics as ddp_demos, runner
 from lesson.models import Net
+from test_teardown import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,34 +19,35 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory):
     folder = tmp_path_factory.mktemp("demos")
+    env, exit_report = exit_env(folder)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                str(REPO / "scripts" / "demos/ddp_mechanics.py"), "--device", "cpu",
                "--json", str(folder / "demos.json"), "--save-prefixed", str(folder / "prefixed.pt")]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout, json.loads((folder / "demos.json").read_text()), folder / "prefixed.pt"
+    return done.stdout, json.loads((folder / "demos.json").read_text()), folder / "prefixed.pt", exit_report
 
 
 def test_every_demo_prints_its_section(demos):
-    output, _, _ = demos
+    output, _, _, _ = demos
     sections = runner.split_sections(output)
     assert set(ddp_demos.DEMOS) <= set(sections)
     assert all(sections[name].strip() for name in ddp_demos.DEMOS)
 
 
 def test_devices_follow_the_local_rank(demos):
-    _, observed, _ = demos
+    _, observed, _, _ = demos
     assert [(d["rank"], d["local_rank"], d["device"]) for d in observed["devices"]] == [(0, 0, "cpu"), (1, 1, "cpu")]
 
 
 def test_constructor_makes_the_weights_equal(demos):
-    _, observed, _ = demos
+    _, observed, _, _ = demos
     assert observed["broadcast"]["before"] > 0.01
     assert observed["broadcast"]["after"] == 0.0
 
 
 def test_buckets_are_rebuilt_after_the_first_step(demos):
-    _, observed, _ = demos
+    _, observed, _, _ = demos
     buckets = observed["buckets"]
     sizes = buckets["parameter_numels"]
     assert buckets["bucket_numels"][0] == [sum(sizes.values())]  # step 1: one bucket
@@ -59,14 +62,14 @@ def test_buckets_are_rebuilt_after_the_first_step(demos):
 
 
 def test_buffers_are_broadcast_at_each_forward(demos):
-    _, observed, _ = demos
+    _, observed, _, _ = demos
     assert observed["buffers"]["forward_sync_buffers=True"] == [0.0, 0.0]
     without = observed["buffers"]["forward_sync_buffers=False"]
     assert without[0] == 0.0 and without[1] > 0.01
 
 
 def test_unused_parameter_fails_on_the_next_step_until_found(demos):
-    _, observed, _ = demos
+    _, observed, _, _ = demos
     unused = observed["unused"]
     assert unused["default_steps"] == 1
     assert "find_unused_parameters=True" in unused["error"]
@@ -75,7 +78,7 @@ def test_unused_parameter_fails_on_the_next_step_until_found(demos):
 
 
 def test_module_prefix(demos):
-    _, observed, prefixed = demos
+    _, observed, prefixed, _ = demos
     prefix = observed["prefix"]
     assert all(key.startswith("module.") for key in prefix["wrapped_keys"])
     assert prefix["wrong"].startswith("RuntimeError: Error(s) in loading state_dict for Net")
@@ -84,6 +87,13 @@ def test_module_prefix(demos):
     assert all(key.startswith("module.") for key in state)
     torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "module.")
     Net(dropout=False).load_state_dict(state)
+
+
+@COUNTS_THREADS_IN_PROC
+def test_the_demos_free_their_group(demos):
+    """Every demo of one run, the unused parameter's error among them, and then no gloo thread left."""
+    *_, exit_report = demos
+    assert gloo_threads_at_exit(exit_report) == [(0, 0), (1, 0)]
 
 
 def test_split_sections():

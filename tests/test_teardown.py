@@ -6,6 +6,10 @@ shutdown, and one of them can free a tensor then and abort the process ("termina
 exception", SIGABRT): a rare, load-dependent failure. These tests look for its precondition, which is
 deterministic: gloo threads still alive when the script's ranks exit. A hook run at exit (``atexit``, from a
 ``sitecustomize`` on PYTHONPATH) counts them.
+
+The demos that tests of their own run already (scripts/demos/collectives.py, scripts/demos/ddp_mechanics.py) are
+checked on those runs, with this hook: tests/test_collectives_demo.py and tests/test_ddp_demos.py. One run then
+shows both what the demo prints and that it frees its group.
 """
 import json
 import os
@@ -17,14 +21,14 @@ import pytest
 
 from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun, script_env
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")]
+COUNTS_THREADS_IN_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+pytestmark = [pytest.mark.slow, COUNTS_THREADS_IN_PROC]
 
 EXIT_HOOK = """
 import atexit, json, os
 
 def _gloo_threads_at_exit():
-    if "RANK" not in os.environ:
+    if "RANK" not in os.environ or not os.path.isdir("/proc/self/task"):
         return
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
     with open(os.environ["EXIT_REPORT"], "a") as report:
@@ -36,6 +40,7 @@ atexit.register(_gloo_threads_at_exit)
 
 
 def exit_env(tmp_path):
+    """script_env with the hook: each rank that exits adds its count to the report (returned with it)."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(EXIT_HOOK)
@@ -72,23 +77,6 @@ def test_allreduce_benchmark_frees_its_group(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "allreduce_bandwidth.py"), "--nproc", "2",
                            "--device", "cpu", "--max-bytes", "4K", "--budget", "16K", "--records", tmp_path],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert_ok(done)
-    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
-
-
-def test_ddp_demos_free_their_group(tmp_path):
-    env, report = exit_env(tmp_path)
-    done = run_torchrun("demos/ddp_mechanics.py", "--device", "cpu", "--demo", "broadcast", env=env)
-    assert_ok(done)
-    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
-
-
-@pytest.mark.parametrize("mode", [(), ("--time-averaging", "--repeats", 2), ("--late-rank", 0.2)],
-                         ids=["collectives", "time-averaging", "late-rank"])
-def test_collectives_demo_frees_its_group(tmp_path, mode):
-    """The script that once aborted at exit; each of its three ways to end."""
-    env, report = exit_env(tmp_path)
-    done = run_torchrun("demos/collectives.py", "--device", "cpu", "--backend", "gloo", *mode, env=env)
     assert_ok(done)
     assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
 
