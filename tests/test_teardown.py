@@ -21,7 +21,8 @@ import pytest
 
 from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun, script_env
 
-COUNTS_THREADS_IN_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+COUNTS_THREADS_IN_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                                            reason="counts threads in /proc (Linux)")
 pytestmark = [pytest.mark.slow, COUNTS_THREADS_IN_PROC]
 
 EXIT_HOOK = """
