@@ -6,6 +6,9 @@ the course's launcher, as a job would run it), two torchruns started on one host
 so the GPU cases run on a stand-in (tests/gpu_stand_in/sitecustomize.py): torch.cuda reports GPUs of the
 compute capabilities a test asks for, with the real build's architecture list; launches, ranks and the
 collectives (gloo) stay real. tests/test_pbs.py and tests/test_slurm.py run the doctor's jobs.
+
+A check of one rank's GPUs runs the doctor under plain python, a world of one (as the doctor allows): torchrun
+would add a process of its own and nothing a GPU's diagnosis reads.
 """
 import os
 import re
@@ -49,6 +52,10 @@ def run(command, env, on_cores):
     """Run ``command`` (and every process it starts) on the CPU cores ``on_cores``; output and errors together."""
     return subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=RUN_SECONDS, preexec_fn=lambda: os.sched_setaffinity(0, on_cores))
+
+
+def python_doctor(env, on_cores, *doctor_args):
+    return run([PYTHON, str(DOCTOR), *doctor_args], env, on_cores)
 
 
 def torchrun_doctor(nproc, env, on_cores, *doctor_args):
@@ -100,7 +107,7 @@ def test_one_rank_with_two_cores_is_healthy_and_the_table_says_where_it_runs():
 
 @pytest.mark.slow
 def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
-    done = torchrun_doctor(1, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
+    done = python_doctor(doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
     assert_healthy(done, world_size=1)
     assert "cuda:0 Stand-in GPU 9.0 (9.0)" in done.stdout
 
@@ -163,7 +170,7 @@ def test_a_node_with_fewer_gpus_than_ranks_is_diagnosed():
 @pytest.mark.slow
 def test_a_gpu_this_build_has_no_kernels_for_is_diagnosed_with_the_cuda_12_route():
     """GPU 0 is a Volta (7.0), GPU 1 a Hopper (9.0): only GPU 0 is named."""
-    done = torchrun_doctor(1, doctor_env(gpus="7.0,9.0"), cores(2), "--backend", "gloo")
+    done = python_doctor(doctor_env(gpus="7.0,9.0"), cores(2), "--backend", "gloo")
     found = assert_diagnosed(done, "a GPU without kernels")
     assert found[0] == (f"a GPU without kernels: on {HOST}, GPU 0 (Stand-in GPU 7.0) has compute capability 7.0, "
                         f"and this torch {torch.__version__} (CUDA {torch.version.cuda}) has kernels only for "
