@@ -161,7 +161,7 @@ def test_a_damaged_checkpoint_is_refused_and_kept(finished_alone, tmp_path, dama
     folder, newest = damaged_copy(finished_alone, tmp_path, damage)
     before = newest.read_bytes()
     done = run_python("step4_ddp.py", "--epochs", 2, "--max-steps", 3, "--batch-size", 32,
-                        "--checkpoint-dir", folder, "--results-dir", tmp_path / "r", "--resume")
+                      "--checkpoint-dir", folder, "--results-dir", tmp_path / "r", "--resume")
     assert_one_line_error(done, "checkpoint-00000003.pt cannot be read", "move it out of the folder")
     assert_no_training(done)
     assert newest.read_bytes() == before and (folder / "checkpoint-00000002.pt").exists()  # nothing lost
