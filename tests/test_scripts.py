@@ -137,8 +137,11 @@ SHUFFLING_SCRIPTS = {
 
 
 def run_for_orders(script, script_path, folder, env, extra):
+    """Three epochs of one step under torchrun, in one process: the order set_epoch changes is the shuffle all
+    ranks share (DistributedSampler draws one permutation from seed + epoch, and each rank takes every
+    world_size-th index of it), so one rank's order shows it, whatever the world size."""
     command = torchrun_command(script, "--epochs", 3, "--max-steps", 1, *extra, "--results-dir", folder / "r",
-                               "--run-name", "orders", "--checkpoint-dir", folder / "c")
+                               "--run-name", "orders", "--checkpoint-dir", folder / "c", nproc=1)
     command[command.index(str(SCRIPTS / script))] = str(script_path)
     assert_ok(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300))
     return epoch_orders(read_json(folder / "r" / "orders.json"))
