@@ -1,6 +1,7 @@
 """step4_ddp.py with one more callback: every rank writes down the learning rate its optimizer uses for
 each optimizer step, read from ``optimizer.param_groups`` just before the step, into
-``$LEARNING_RATE_LOG/rank<R>.json``. Run under torchrun with scripts/ on PYTHONPATH.
+``$LEARNING_RATE_LOG/rank<R>.json``. Run with scripts/ on PYTHONPATH, under torchrun or, for a world of one,
+with python (lesson/process.py then sets what torchrun would set for one process).
 """
 import json
 import os

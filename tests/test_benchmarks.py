@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -103,8 +104,9 @@ def test_a_real_failure_is_not_taken_for_a_skip(tmp_path):
 
 @pytest.mark.slow  # runs every course step end to end: make test runs it, make test-fast leaves it out
 def test_harness_runs_the_course_scripts_and_writes_one_record(tmp_path):
+    # One epoch of four steps: past the scripts' three warm-up steps, so that every run has a steady rate.
     done = run_benchmark("harness.py", "--methods", "one process", "DDP", "--models", "net", "--repeats", "1",
-                         "--epochs", "2", "--max-steps", "3", "--records", tmp_path)
+                         "--epochs", "1", "--max-steps", "4", "--records", tmp_path)
     assert_ok(done)
     record = only_record(tmp_path, "harness")
     assert record["machine"] == {"gpus": 0, "cores": common.usable_cores()}
@@ -112,7 +114,7 @@ def test_harness_runs_the_course_scripts_and_writes_one_record(tmp_path):
     ddp, single = rows[("DDP", "scaling", 2, 1)], rows[("one process", "same global batch", 1, 2)]
     assert ddp["global_batch_size"] == single["global_batch_size"] == 128
     assert ddp["step_seconds"] == pytest.approx(128 / ddp["samples_per_second"])  # a batch of 64 on each of 2
-    assert ddp["seconds_per_epoch"] == pytest.approx(3 * ddp["step_seconds"])  # --max-steps 3
+    assert ddp["seconds_per_epoch"] == pytest.approx(4 * ddp["step_seconds"])  # --max-steps 4
     compute_only = rows[("one process", "compute only", 2, 1)]
     assert compute_only["global_batch_size"] == 128  # two independent processes of 64
     first = report.ddp_against_threads(record["rows"], 0, 2)
@@ -314,24 +316,25 @@ def test_figures_from_the_committed_records(tmp_path):
 
 # ---- make gpu-check -----------------------------------------------------------------------------
 
-def gpu_check(*args, env=None):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "tools" / "gpu_check.py"), *map(str, args)], cwd=REPO,
-                          env=env or script_env(), capture_output=True, text=True, timeout=600)
+def gpu_check_plan(gpus, capsys, tmp_path, monkeypatch):
+    """What `gpu_check.py --dry-run --gpus N` prints, from its main() in this process: the plan alone, so no
+    process of its own is needed (the test below runs the real command)."""
+    from tools import gpu_check
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its results folder, named in the commands shown
+    assert gpu_check.main(["--dry-run", "--gpus", str(gpus)]) is None
+    return capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_gpu_check_plans_every_step_for_four_gpus():
-    done = gpu_check("--dry-run", "--gpus", 4)
-    assert_ok(done)
-    out = done.stdout
+def test_gpu_check_plans_every_step_for_four_gpus(capsys, tmp_path, monkeypatch):
+    out = gpu_check_plan(4, capsys, tmp_path, monkeypatch)
     assert out.count("--nproc-per-node=4") == 4  # all_reduce x 2, DDP, equivalence
     assert "3 DataParallel over 4 GPU(s)" in out and "--pin-memory" in out and "--device cuda:0" in out
     assert "NVIDIA_TF32_OVERRIDE=0" in out and "allreduce_bandwidth.py" in out and "harness.py" in out
 
 
-@pytest.mark.slow
-def test_gpu_check_on_one_gpu_runs_each_step_with_one_process():
-    out = gpu_check("--dry-run", "--gpus", 1).stdout
+def test_gpu_check_on_one_gpu_runs_each_step_with_one_process(capsys, tmp_path, monkeypatch):
+    out = gpu_check_plan(1, capsys, tmp_path, monkeypatch)
     assert out.count("--nproc-per-node=1") == 3 and "verify_equivalence" not in out
 
 

@@ -1,12 +1,13 @@
 """The learning rate the scripts use per world size under --lr-scaling linear (the linear scaling rule of
-Goyal et al. 2017, with its gradual warm-up), read from the optimizer in real torchruns of 1 and 2
-processes, and what --lr-scaling none and --accumulate do to it."""
+Goyal et al. 2017, with its gradual warm-up), read from the optimizer in real runs of 1 process (python: a
+world of one, as torchrun --nproc-per-node=1 would make it) and 2 (torchrun), and what --lr-scaling none and
+--accumulate do to it."""
 import pytest
 
-from helpers import REPO, SCRIPTS, assert_ok, read_json, run_torchrun, script_env
+from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, run_torchrun, script_env
 from machinery import cli
 
-pytestmark = pytest.mark.slow  # real torchruns of 1 and 2 processes, several epochs each
+pytestmark = pytest.mark.slow  # real runs of 1 and 2 processes, several epochs each
 
 BASE = 2e-3  # Adam's default rate, for --batch-size 64 (scripts/lesson/loop.py)
 GAMMA = 0.7  # --gamma, once an epoch
@@ -31,10 +32,11 @@ def rates(tmp_path_factory):
     found = {}
     for name, (processes, flags, _) in RUNS.items():
         folder = tmp_path_factory.mktemp(name.replace(" ", "-").replace(",", ""))
-        done = run_torchrun(REPO / "tests" / "learning_rate_run.py", "--device", "cpu", "--epochs", 2,
-                            "--max-steps", STEPS, *flags, "--checkpoint-dir", folder / "checkpoints",
-                            "--results-dir", folder / "results", nproc=processes,
-                            env=script_env(PYTHONPATH=SCRIPTS, LEARNING_RATE_LOG=folder / "rates"))
+        command = (REPO / "tests" / "learning_rate_run.py", "--device", "cpu", "--epochs", 2, "--max-steps", STEPS,
+                   *flags, "--checkpoint-dir", folder / "checkpoints", "--results-dir", folder / "results")
+        env = script_env(PYTHONPATH=SCRIPTS, LEARNING_RATE_LOG=folder / "rates")
+        # The rule reads the world size alone: one process needs no torchrun (a launcher process less).
+        done = run_python(*command, env=env) if processes == 1 else run_torchrun(*command, nproc=processes, env=env)
         assert_ok(done)
         found[name] = ([read_json(folder / "rates" / f"rank{rank}.json") for rank in range(processes)], done.stdout)
     return found

@@ -72,10 +72,14 @@ def test_a_session_that_writes_into_the_checkout_fails_and_names_what_it_wrote(t
     shutil.copy(REPO / "conftest.py", checkout / "conftest.py")
     (checkout / "test_session.py").write_text(CHECKED_SESSION)
 
+    # The installed plugins (nbval, xdist, timeout) play no part in the check, which is conftest.py's hooks and
+    # pytest's own tmp_path, and loading them is most of a session's start: this session does without them.
+    without_plugins = script_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD=1)
+
     def session(tests, basetemp):
         return subprocess.run([PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-k", tests,
                                f"--basetemp={tmp_path / basetemp}", "test_session.py"],
-                              cwd=checkout, env=script_env(), capture_output=True, text=True, timeout=300)
+                              cwd=checkout, env=without_plugins, capture_output=True, text=True, timeout=300)
 
     clean = session("output_folder", "clean")
     assert clean.returncode == 0 and "the checkout changed" not in clean.stdout, clean.stdout

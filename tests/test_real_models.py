@@ -15,16 +15,19 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun,
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python,
                       restarts_in, script_env, torchrun_command)
 from lesson import data, models
 from machinery import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
 
 PER_BATCH, TEST_IMAGES = 40, 40  # 5 x 40 = 200 training images
-# 2 epochs of 5 steps, a checkpoint every 3 steps and at each epoch end: steps 3, 5, 6, 9, 10.
-RUN = ("--dataset", "cifar10", "--model", "resnet18", "--epochs", 2, "--max-steps", 5, "--batch-size", 16,
+# 2 epochs of 2 steps (a ResNet-18 step costs about half a CPU second, its checkpoint as much), a checkpoint every
+# 3 steps and at each epoch end: steps 2, 3 and 4. A run stopped after step 4, before its epoch's end, resumes
+# mid-epoch from step 3 (epoch 2, 1 batch done), and trains step 4 again: its batch, crops and flips included.
+RUN = ("--dataset", "cifar10", "--model", "resnet18", "--epochs", 2, "--max-steps", 2, "--batch-size", 16,
        "--checkpoint-every", 3)
+STOP_STEP = 4
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,7 @@ def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request
     else:
         folder, name = tmp_path, "run"
         assert_ok(run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
-                               "--max-steps", 2, "--batch-size", 16, *run_outputs(folder, name), nproc=world_size))
+                               "--max-steps", 1, "--batch-size", 16, *run_outputs(folder, name), nproc=world_size))
     record = read_json(folder / "results" / f"{name}.json")
     assert (record["dataset"], record["model"], record["world_size"]) == ("cifar10", "resnet18", world_size)
     assert record["per_epoch"][0]["test_samples"] == TEST_IMAGES
@@ -176,9 +179,10 @@ def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request
 
 @pytest.mark.slow
 def test_the_synthetic_set_trains_without_any_file(tmp_path):
-    done = run_torchrun("step4_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
-                        "--max-steps", 2, "--batch-size", 16, *run_outputs(tmp_path, "synthetic"),
-                        "--data-dir", tmp_path / "nothing-here")
+    """A world of one (python): the data set is made in every process alike, whatever the world size."""
+    done = run_python("step4_ddp.py", "--dataset", "synthetic-cifar10", "--model", "resnet18", "--epochs", 1,
+                      "--max-steps", 1, "--batch-size", 16, *run_outputs(tmp_path, "synthetic"),
+                      "--data-dir", tmp_path / "nothing-here")
     assert_ok(done)
     record = read_json(tmp_path / "results" / "synthetic.json")
     assert record["dataset"] == "synthetic-cifar10" and record["per_epoch"][0]["test_samples"] == 1000
@@ -206,20 +210,20 @@ def test_the_reference_runs_trained(uninterrupted):
 def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
     stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--fault", "exit",
-                           "--fault-step", 7)
+                           "--fault-step", STOP_STEP)
     assert stopped.returncode == 3, stopped.stdout + stopped.stderr
     resumed = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
-    assert "checkpoint-00000006.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
+    assert "checkpoint-00000003.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
     assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["single"])
 
 
 @pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
 def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
     done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"), "--fault", "kill",
-                        "--fault-rank", 1, "--fault-step", 8, nproc=2, launcher=("--max-restarts=1",))
+                        "--fault-rank", 1, "--fault-step", STOP_STEP, nproc=2, launcher=("--max-restarts=1",))
     assert_ok(done)
-    assert "checkpoint-00000006.pt: epoch 2, 1 of" in done.stdout, done.stdout
+    assert "checkpoint-00000003.pt: epoch 2, 1 of" in done.stdout, done.stdout
     assert_same_weights(saved_weights(tmp_path, "killed"), uninterrupted["ddp"])
 
 
@@ -235,7 +239,7 @@ def test_the_dataloader_route_resumes_exactly_without_workers_and_not_with_them(
     the checkpoint saves, so the resume is exact. With a worker: its stream was seeded when it
     started and cannot be continued; the data order is the same, the crops and flips are not."""
     assert_ok(dataloader_run(cifar, tmp_path, "whole", workers))
-    stopped = dataloader_run(cifar, tmp_path, "stopped", workers, "--fault", "exit", "--fault-step", 7)
+    stopped = dataloader_run(cifar, tmp_path, "stopped", workers, "--fault", "exit", "--fault-step", STOP_STEP)
     assert stopped.returncode == 3, stopped.stdout + stopped.stderr
     assert_ok(dataloader_run(cifar, tmp_path, "stopped", workers, "--resume"))
     whole, resumed = (read_json(tmp_path / "results" / f"{name}.json") for name in ("whole", "stopped"))
