@@ -2,7 +2,7 @@
 and the printed report is in rank order on every run.
 
 The script once aborted at exit, its gloo group left alive: every run here also counts, with
-tests/test_teardown.py's exit hook, the gloo threads each rank still has when it exits, for each of the
+the exit hook of tests/gloo_exit_hook.py, the gloo threads each rank still has when it exits, for each of the
 script's three ways to end.
 """
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_teardown import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
 

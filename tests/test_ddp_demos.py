@@ -1,6 +1,6 @@
 """scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
 notebook 04_ddp says DDP does, and the script frees its process group before its ranks exit (the gloo
-threads each rank still has then, counted by tests/test_teardown.py's exit hook)."""
+threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py)."""
 import json
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import torch
 
 from demos import ddp_mechanics as ddp_demos, runner
 from lesson.models import Net
-from test_teardown import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,53 +5,21 @@ alive (torchvision imported after `init_process_group` does), the threads run on
 shutdown, and one of them can free a tensor then and abort the process ("terminate called without an active
 exception", SIGABRT): a rare, load-dependent failure. These tests look for its precondition, which is
 deterministic: gloo threads still alive when the script's ranks exit. A hook run at exit (``atexit``, from a
-``sitecustomize`` on PYTHONPATH) counts them.
+``sitecustomize`` on PYTHONPATH, tests/gloo_exit_hook.py) counts them.
 
 The demos that tests of their own run already (scripts/demos/collectives.py, scripts/demos/ddp_mechanics.py) are
 checked on those runs, with this hook: tests/test_collectives_demo.py and tests/test_ddp_demos.py. One run then
 shows both what the demo prints and that it frees its group.
 """
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun, script_env
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
+from helpers import REPO, aborted_at_exit, assert_ok, run_torchrun
 
-COUNTS_THREADS_IN_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
-                                            reason="counts threads in /proc (Linux)")
 pytestmark = [pytest.mark.slow, COUNTS_THREADS_IN_PROC]
-
-EXIT_HOOK = """
-import atexit, json, os
-
-def _gloo_threads_at_exit():
-    if "RANK" not in os.environ or not os.path.isdir("/proc/self/task"):
-        return
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    with open(os.environ["EXIT_REPORT"], "a") as report:
-        report.write(json.dumps({"rank": int(os.environ["RANK"]),
-                                 "gloo_threads": sum(n.startswith(("pt_gloo", "gloo")) for n in names)}) + "\\n")
-
-atexit.register(_gloo_threads_at_exit)
-"""
-
-
-def exit_env(tmp_path):
-    """script_env with the hook: each rank that exits adds its count to the report (returned with it)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(EXIT_HOOK)
-    report = tmp_path / "exit.jsonl"
-    return script_env(PYTHONPATH=os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
-                      EXIT_REPORT=report), report
-
-
-def gloo_threads_at_exit(report):
-    return sorted((entry["rank"], entry["gloo_threads"]) for entry in map(json.loads, report.read_text().splitlines()))
 
 
 def test_the_hook_sees_a_group_left_alive(tmp_path):
