@@ -4,6 +4,7 @@ Where the check is no business of several ranks, the DDP script runs under plain
 (each process costs seconds of CPU before its first line); torchrun's two processes stay where the claim
 is about every rank, or about torchrun itself.
 """
+import io
 import os
 import re
 import shutil
@@ -48,6 +49,39 @@ def test_a_gloo_interface_this_host_lacks():
 @pytest.mark.slow
 def test_single_process_script_under_torchrun_with_two_processes():
     assert_one_line_error(run_torchrun("step1_baseline.py"), "start it with python")
+
+
+class CountedWrites(io.RawIOBase):
+    """A raw stream that keeps each write it is given, as a pipe sees them."""
+
+    def __init__(self):
+        self.writes = []
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def unbuffered_stderr():
+    """sys.stderr as Python makes it under PYTHONUNBUFFERED=1: text written through to a raw stream."""
+    raw = CountedWrites()
+    return io.TextIOWrapper(raw, encoding="utf-8", write_through=True), raw
+
+
+def test_an_error_line_leaves_a_rank_in_one_write(monkeypatch):
+    """Ranks share one log. With PYTHONUNBUFFERED=1, print() writes a line and its newline in two calls, and
+    another rank's line can land between them; cli.run makes each line one write."""
+    stream, raw = unbuffered_stderr()
+    print("error: rank 0", file=stream, flush=True)
+    assert raw.writes == [b"error: rank 0", b"\n"]  # the hazard, without the fix
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setattr("sys.stdout", unbuffered_stderr()[0])  # reconfigured too: not pytest's own
+    cli.write_whole_lines()
+    print("error: rank 1", file=stream, flush=True)
+    assert raw.writes[2:] == [b"error: rank 1\n"]
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--batch-size"])

@@ -189,6 +189,7 @@ def run(main, argv=None):
     from . import graceful_stop, launch_checks, stragglers
 
     words = sys.argv[1:] if argv is None else argv
+    write_whole_lines()
     graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
     try:
         launch_checks.meet_on_a_fresh_store(number_in(words, "--timeout", int, 300))
@@ -215,6 +216,16 @@ def run(main, argv=None):
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def write_whole_lines():
+    """Every printed line leaves this process in one write. Under PYTHONUNBUFFERED=1, which many containers and
+    job environments set, print() writes a line's text and its newline in two calls, and a line of another rank,
+    writing to the same log, can land between them: two ranks' errors then read as one line. Line buffering
+    keeps output as prompt (each line is written when it ends) without splitting a line."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a real text stream, not a test's or a notebook's stand-in
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def is_collective_failure(error):
