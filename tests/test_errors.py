@@ -71,17 +71,28 @@ def unbuffered_stderr():
     return io.TextIOWrapper(raw, encoding="utf-8", write_through=True), raw
 
 
-def test_an_error_line_leaves_a_rank_in_one_write(monkeypatch):
+def test_an_error_line_leaves_a_rank_in_one_write():
     """Ranks share one log. With PYTHONUNBUFFERED=1, print() writes a line and its newline in two calls, and
     another rank's line can land between them; cli.run makes each line one write."""
     stream, raw = unbuffered_stderr()
     print("error: rank 0", file=stream, flush=True)
     assert raw.writes == [b"error: rank 0", b"\n"]  # the hazard, without the fix
-    monkeypatch.setattr("sys.stderr", stream)
-    monkeypatch.setattr("sys.stdout", unbuffered_stderr()[0])  # reconfigured too: not pytest's own
-    cli.write_whole_lines()
+    cli.write_whole_lines(stream)
     print("error: rank 1", file=stream, flush=True)
     assert raw.writes[2:] == [b"error: rank 1\n"]
+
+
+@pytest.mark.slow
+def test_a_script_run_through_cli_run_writes_whole_lines_under_pythonunbuffered():
+    """cli.run, which every script's main goes through, reconfigures the process's own streams
+    (script_env sets PYTHONUNBUFFERED=1, as many job environments do)."""
+    probe = ("import sys\nfrom machinery import cli\n"
+             "cli.run(lambda argv: print(sys.stdout.line_buffering, sys.stderr.line_buffering,"
+             " sys.stderr.write_through))")
+    done = subprocess.run([PYTHON, "-c", probe], cwd=REPO, env=script_env(PYTHONPATH=SCRIPTS), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "False"]
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--batch-size"])
@@ -106,9 +117,12 @@ def assert_no_training(done):
 
 @pytest.mark.slow
 def test_results_dir_that_is_a_file(tmp_path):
+    """Rank 0 alone checks the output folders; under torchrun its refusal reaches every rank (the line names
+    the rank it came from)."""
     (tmp_path / "taken").write_text("a file\n")
-    done = run_python("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
+    done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-dir", tmp_path / "c", "--results-dir", tmp_path / "taken")
     assert_one_line_error(done, "--results-dir", "is a file, not a folder")
+    assert error_lines(done)[0].startswith("error: rank 0 ("), error_lines(done)
     assert_no_training(done)
 
 

@@ -218,13 +218,15 @@ def run(main, argv=None):
             dist.destroy_process_group()
 
 
-def write_whole_lines():
-    """Every printed line leaves this process in one write. Under PYTHONUNBUFFERED=1, which many containers and
-    job environments set, print() writes a line's text and its newline in two calls, and a line of another rank,
-    writing to the same log, can land between them: two ranks' errors then read as one line. Line buffering
-    keeps output as prompt (each line is written when it ends) without splitting a line."""
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):  # a real text stream, not a test's or a notebook's stand-in
+def write_whole_lines(*streams):
+    """Each line printed to ``streams`` (this process's own stdout and stderr by default) leaves in one write.
+    Under PYTHONUNBUFFERED=1, which many containers and job environments set, print() writes a line's text and
+    its newline in two calls, and a line of another rank, writing to the same log, can land between them: two
+    ranks' errors then read as one line. Line buffering keeps output as prompt (a line is written when it ends)
+    and keeps a line whole (up to 8 KiB; a pipe keeps writes of up to 4 KiB whole, far above an error line).
+    sys.__stdout__ and sys.__stderr__, not sys.stdout: a test's or a notebook's stand-in is left as it is."""
+    for stream in streams or (sys.__stdout__, sys.__stderr__):
+        if stream is not None:  # None: a process started without that stream
             stream.reconfigure(line_buffering=True, write_through=False)
 
 
