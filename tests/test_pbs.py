@@ -55,7 +55,7 @@ ONE_HOST = ("select=1:ncpus=2:mem=4gb", "walltime=00:10:00")
 ONE_CPU = ("select=1:ncpus=1:mem=4gb", "walltime=00:10:00")
 TWO_HOSTS = ("select=2:ncpus=2:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
 TWO_HOSTS_ONE_CPU = ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
-JOB_SECONDS = 600  # every submission together, at most
+JOB_SECONDS = 600  # a hang guard: how long a wait goes without news of a job before it gives up
 
 
 SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
@@ -324,21 +324,35 @@ def finished(pbs, course):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name, submission in submissions.items()
     }
-    deadline = time.monotonic() + JOB_SECONDS
+    answers = answers_of(running, pbs)
     results = {}
     for name, process in running.items():
-        try:
-            output, _ = process.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output = process.communicate()[0] + f"\n(no answer from qsub -W block=true after {JOB_SECONDS} s)"
-            job_id = output.split()[0] if output.strip() else ""
-            if job_id:
-                pbs_as_root(pbs, "qdel", "-W", "force", job_id)
         log = wait_for_file(course / "logs" / f"{name}.log") or "(no job output file)"
         record_path = course / "results" / f"{submissions[name].run_name}.json"
-        results[name] = (process.returncode, output, log, read_record(record_path) if record_path.exists() else None)
+        results[name] = (process.returncode, answers[name], log, read_record(record_path) if record_path.exists() else None)
     return submissions, results
+
+
+def answers_of(running, pbs):
+    """What each `qsub -W block=true` printed, once it returned. A hang guard, not a time limit: the jobs share two
+    hosts and a loaded machine stretches each of them, so the wait gives up only when no submission has returned
+    for JOB_SECONDS; then it stops the ones left and deletes their jobs."""
+    answers, last_answer = {}, time.monotonic()
+    while len(answers) < len(running):
+        for name, process in running.items():
+            if name not in answers and process.poll() is not None:
+                answers[name], last_answer = process.communicate()[0], time.monotonic()
+        if len(answers) < len(running) and time.monotonic() - last_answer > JOB_SECONDS:
+            for name, process in running.items():
+                if name not in answers:
+                    process.kill()
+                    output = process.communicate()[0]
+                    job_id = output.split()[0] if output.strip() else ""
+                    if job_id:
+                        pbs_as_root(pbs, "qdel", "-W", "force", job_id)
+                    answers[name] = output + f"\n(no answer from qsub -W block=true, nor from any other, for {JOB_SECONDS} s)"
+        time.sleep(1)
+    return answers
 
 
 def check_submission(finished, name):
