@@ -182,8 +182,8 @@ def parse_args(argv=None, description=None, add_arguments=None):
 
 def run(main, argv=None):
     """Run a script's ``main`` so that a CourseError, or a collective that failed, is one line on stderr
-    and exit status 1, never a traceback. Before it: signals only ask for a graceful stop (graceful_stop.py),
-    and a worker group that torchrun restarted meets on a store of its own (launch_checks.py)."""
+    and exit status 1, never a traceback. Before it: a printed line leaves in one write (write_whole_lines), signals
+    only ask for a graceful stop (graceful_stop.py), a restarted worker group meets on a fresh store (launch_checks.py)."""
     import torch.distributed as dist
 
     from . import graceful_stop, launch_checks, stragglers
