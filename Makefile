@@ -35,7 +35,7 @@ run: $(ENV)
 test: $(ENV)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest $(NBVAL) $(PARALLEL) $(PYTEST_ARGS) tests notebooks
 
-## test-fast: the in-process tests and the lesson's short runs, about 4 minutes on 2 cores: no notebook and no
+## test-fast: the in-process tests and the lesson's short runs, under 3 minutes on 2 cores: no notebook and no
 ## test marked slow (the drills, hangs, jobs and ResNet-18 runs; see pyproject.toml)
 test-fast: $(ENV)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m "not slow" $(PARALLEL) $(PYTEST_ARGS) tests
