@@ -26,9 +26,11 @@ PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)
 
 
 def without_machine_paths(text):
-    site_packages = Path(torch.__file__).parent.parent  # as torch's log lines name it, links resolved
-    for long, name in [(sys.executable, "python"), (str(site_packages), "site-packages"),
-                       (str(site_packages.resolve()), "site-packages"), (str(REPO) + "/", ""), (str(REPO), ".")]:
+    # torch's files as torch/distributed/..., as the notebook's py-spy frames name them: the folder torch is
+    # installed in (links resolved or not) is this machine's.
+    site_packages = Path(torch.__file__).parent.parent
+    for long, name in [(sys.executable, "python"), (str(site_packages) + "/", ""),
+                       (str(site_packages.resolve()) + "/", ""), (str(REPO) + "/", ""), (str(REPO), ".")]:
         text = text.replace(long, name)
     return PYTHON_HEADER.sub(r"\1", text)
 
