@@ -1,5 +1,6 @@
 """scripts/demos/hangs.py and the py-spy route of notebook 09: each hang ends by itself, at the process
 group's timeout, with the message the notebook shows; py-spy finds where every rank of a hung job waits."""
+import ast
 import re
 import subprocess
 
@@ -98,3 +99,14 @@ def test_the_stored_dumps_of_notebook_09_match_the_demo_as_it_is():
     for rank, (collective, caller) in waits.items():
         assert caller.file == "demos/hangs.py" and f"dist.{collective.function}(" in source[caller.line - 1], (
             rank, collective, caller, source[caller.line - 1])
+    for rank, dump in dumps.items():  # and every frame of the course's own code names its function's line
+        for frame in rank_stacks.main_thread(dump):
+            if (SCRIPTS / frame.file).is_file():  # torch's frames are named from its install folder
+                assert enclosing_function(SCRIPTS / frame.file, frame.line) == frame.function, (rank, frame)
+
+
+def enclosing_function(path, line):
+    """The innermost function of ``path`` whose lines hold ``line``, as py-spy names it ("<module>" outside any)."""
+    around = [node for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno]
+    return max(around, key=lambda node: node.lineno).name if around else "<module>"

@@ -8,6 +8,7 @@ or machine to machine that the sanitizer does not mask.
 """
 import json
 import re
+import sys
 
 import pytest
 
@@ -56,6 +57,31 @@ def test_no_output_shows_a_path_of_this_machine(path):
         text = outputs_text(cell)
         assert str(REPO) not in text and not MACHINE_PATHS.search(text), (
             f"cell {number} of {path.name} shows a machine path: {MACHINE_PATHS.search(text) or str(REPO)}")
+
+
+def test_the_hung_job_recorder_stores_no_path_or_host_of_this_machine():
+    """scripts/demos/record_hung_jobs.py, which made notebook 09's evidence: torch's files read torch/... from any
+    install folder (torch's log names it relative to the course directory when the venv lies inside it), the host
+    reads HOST, and a path it cannot shorten stops the recording instead of being stored."""
+    from demos.record_hung_jobs import without_machine_paths
+
+    recorded = (f"W1126 22:05:43.269000 20357 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                f"multiprocessing/api.py:1028] Sending process 20706 closing signal SIGTERM\n"
+                f'  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 1142, in <module>\n'
+                f"Process 20706: {sys.executable} -u {REPO}/scripts/demos/hangs.py --demo uneven\n"
+                f"pre-flight all_reduce ok: 4 rank(s) on 1 node(s): gpu-node-17 [0-3]\n"
+                f"  host      : gpu-node-17.cluster.example.org\n"
+                f"  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    assert without_machine_paths(recorded) == (
+        "W1126 22:05:43.269000 20357 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 20706 "
+        "closing signal SIGTERM\n"
+        '  File "torch/distributed/run.py", line 1142, in <module>\n'
+        "Process 20706: python -u scripts/demos/hangs.py --demo uneven\n"
+        "pre-flight all_reduce ok: 4 rank(s) on 1 node(s): HOST [0-3]\n"
+        "  host      : HOST\n"
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    with pytest.raises(ValueError, match="/home/someone/train.py"):
+        without_machine_paths('  File "/home/someone/train.py", line 3, in <module>')
 
 
 def test_nbval_reads_every_rule_of_the_sanitizer():

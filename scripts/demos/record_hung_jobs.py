@@ -7,32 +7,45 @@ ended by its own timeout.
                             with 3 ranks, taken once every rank waited in a collective
   uneven_4_ranks.log        what torchrun printed for `hangs.py --demo uneven --short-rank 2` with 4 ranks
 
-Paths of the machine that recorded them become short names (the Python that ran the job: "python"; the
-course directory: "."), so that the files say nothing about where they were made. Run it again after
-changing scripts/demos/hangs.py: the exercises' checks read line numbers from these files.
+Paths and names of the machine that recorded them become short names (the Python that ran the job: "python";
+the course directory: "."; a package's install folder, site-packages or dist-packages, absolute or relative, is
+dropped, so torch's files read torch/distributed/...; Python's own library folder too; the host: HOST), so that
+the files say nothing about where they were made: the recorder refuses to write a file that still holds a path of
+this machine. Run it again after changing scripts/demos/hangs.py, scripts/demos/runner.py or
+scripts/machinery/cli.py: the exercises' checks read line numbers from these files (tests/test_hangs.py checks
+every course frame against the source).
 """
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's packages and steps
-
-import torch
 
 from notebook_support import rank_stacks
 from machinery.output_paths import REPO
 
 PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)
+# Whatever leads up to an install folder, as torch's log lines name it (relative to the first folder on sys.path
+# that holds it: the course directory when a venv lies inside it) or as a traceback does (absolute).
+INSTALL_FOLDER = re.compile(r"[^\s\"'(]*(?:site|dist)-packages/")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.-]+/)+[\w.-]+")  # not a URL's path (https://host/...)
+HOSTS = [re.compile(r"^(pre-flight all_reduce ok: .* node\(s\): )\S+", re.M),  # the job ran on one host
+         re.compile(r"^(\s*host\s*: ).+$", re.M)]  # torchrun's summary of a failure
 
 
 def without_machine_paths(text):
-    # torch's files as torch/distributed/..., as the notebook's py-spy frames name them: the folder torch is
-    # installed in (links resolved or not) is this machine's.
-    site_packages = Path(torch.__file__).parent.parent
-    for long, name in [(sys.executable, "python"), (str(site_packages) + "/", ""),
-                       (str(site_packages.resolve()) + "/", ""), (str(REPO) + "/", ""), (str(REPO), ".")]:
+    text = INSTALL_FOLDER.sub("", text)
+    for long, name in [(sys.executable, "python"), (sysconfig.get_paths()["stdlib"] + "/", ""),
+                       (str(REPO) + "/", ""), (str(REPO), ".")]:
         text = text.replace(long, name)
-    return PYTHON_HEADER.sub(r"\1", text)
+    for host in HOSTS:
+        text = host.sub(r"\1HOST", text)
+    text = PYTHON_HEADER.sub(r"\1", text)
+    left = ABSOLUTE_PATH.findall(text)
+    if left:
+        raise ValueError(f"a path of this machine would be stored: {left}; shorten it in without_machine_paths")
+    return text
 
 
 def record_dumps(folder):
