@@ -1,6 +1,5 @@
 """scripts/demos/hangs.py and the py-spy route of notebook 09: each hang ends by itself, at the process
 group's timeout, with the message the notebook shows; py-spy finds where every rank of a hung job waits."""
-import ast
 import re
 import subprocess
 
@@ -85,28 +84,3 @@ def test_a_collective_only_rank_0_calls_times_out_on_rank_0():
     assert re.search(r"^error: rank 0: RuntimeError: Timed out waiting 3000ms for recv operation to complete$",
                      output, re.M), output
     assert "error: rank 1" not in output  # rank 1 was busy elsewhere: torchrun stopped it, it had nothing to say
-
-
-def test_the_stored_dumps_of_notebook_09_match_the_demo_as_it_is():
-    """The exercise reads line numbers from notebooks/hung_jobs/: each must still be the collective's call in
-    demos/hangs.py (after an edit there, run scripts/demos/record_hung_jobs.py again)."""
-    from notebook_support import exercises
-
-    dumps = exercises.rank_dumps(exercises.hung_job_evidence("uneven_3_ranks.pyspy.txt"))
-    waits = exercises.where_each_rank_waits(dumps)
-    source = HANGS.read_text().splitlines()
-    assert sorted(waits) == [0, 1, 2]
-    for rank, (collective, caller) in waits.items():
-        assert caller.file == "demos/hangs.py" and f"dist.{collective.function}(" in source[caller.line - 1], (
-            rank, collective, caller, source[caller.line - 1])
-    for rank, dump in dumps.items():  # and every frame of the course's own code names its function's line
-        for frame in rank_stacks.main_thread(dump):
-            if (SCRIPTS / frame.file).is_file():  # torch's frames are named from its install folder
-                assert enclosing_function(SCRIPTS / frame.file, frame.line) == frame.function, (rank, frame)
-
-
-def enclosing_function(path, line):
-    """The innermost function of ``path`` whose lines hold ``line``, as py-spy names it ("<module>" outside any)."""
-    around = [node for node in ast.walk(ast.parse(path.read_text()))
-              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno]
-    return max(around, key=lambda node: node.lineno).name if around else "<module>"

@@ -6,13 +6,14 @@ or machine to machine that the sanitizer does not mask.
 - the kernel they ask for is the course's (`make kernel` registers it), in every notebook;
 - no output shows a path of the machine that ran it.
 """
+import ast
 import json
 import re
 import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, SCRIPTS
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 PER_RUN_KEYS = ("execution", "ExecuteTime")  # nbclient's timestamps; the older nbextension's
@@ -69,7 +70,7 @@ def test_the_hung_job_recorder_stores_no_path_or_host_of_this_machine():
                 f"multiprocessing/api.py:1028] Sending process 20706 closing signal SIGTERM\n"
                 f'  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 1142, in <module>\n'
                 f"Process 20706: {sys.executable} -u {REPO}/scripts/demos/hangs.py --demo uneven\n"
-                f"pre-flight all_reduce ok: 4 rank(s) on 1 node(s): gpu-node-17 [0-3]\n"
+                f"pre-flight all_reduce ok: 4 rank(s) on 2 node(s): gpu-node-17 [0-1], gpu-node-18 [2-3]\n"
                 f"  host      : gpu-node-17.cluster.example.org\n"
                 f"  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
     assert without_machine_paths(recorded) == (
@@ -77,11 +78,46 @@ def test_the_hung_job_recorder_stores_no_path_or_host_of_this_machine():
         "closing signal SIGTERM\n"
         '  File "torch/distributed/run.py", line 1142, in <module>\n'
         "Process 20706: python -u scripts/demos/hangs.py --demo uneven\n"
-        "pre-flight all_reduce ok: 4 rank(s) on 1 node(s): HOST [0-3]\n"
+        "pre-flight all_reduce ok: 4 rank(s) on 2 node(s): HOST [0-1], HOST [2-3]\n"
         "  host      : HOST\n"
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    assert without_machine_paths("an unexpected site-packages/ layout") == "an unexpected site-packages/ layout"
     with pytest.raises(ValueError, match="/home/someone/train.py"):
         without_machine_paths('  File "/home/someone/train.py", line 3, in <module>')
+
+
+def test_the_stored_dumps_of_notebook_09_match_the_course_as_it_is():
+    """Exercise 1 reads line numbers from notebooks/hung_jobs/: each rank's must still be the collective's call in
+    demos/hangs.py, and every frame of the course's own code must still name its function (after an edit of
+    hangs.py, runner.py or cli.py, run scripts/demos/record_hung_jobs.py again)."""
+    from notebook_support import exercises, rank_stacks
+
+    dumps = exercises.rank_dumps(exercises.hung_job_evidence("uneven_3_ranks.pyspy.txt"))
+    waits = exercises.where_each_rank_waits(dumps)
+    hangs = (SCRIPTS / "demos" / "hangs.py").read_text().splitlines()
+    assert sorted(waits) == [0, 1, 2]
+    for rank, (collective, caller) in waits.items():
+        assert caller.file == "demos/hangs.py" and f"dist.{collective.function}(" in hangs[caller.line - 1], (
+            rank, collective, caller, hangs[caller.line - 1])
+    for rank, dump in dumps.items():
+        for frame in rank_stacks.main_thread(dump):
+            if not frame.file.startswith("torch/"):  # the rest is the course's, named from scripts/
+                assert qualified_name_at(SCRIPTS / frame.file, frame.line) == frame.function, (rank, frame)
+
+
+def qualified_name_at(path, line):
+    """The qualified name of the innermost function of ``path`` whose lines hold ``line`` ("<module>" outside
+    any), as py-spy names a frame on Python 3.11: "f", "Class.method", "f.<locals>.g"."""
+    def inside(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if not getattr(child, "lineno", 0) <= line <= getattr(child, "end_lineno", 0):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return inside(child, f"{prefix}{child.name}.<locals>.") or f"{prefix}{child.name}"
+            return inside(child, f"{prefix}{child.name}." if isinstance(child, ast.ClassDef) else prefix)
+        return None
+
+    return inside(ast.parse(path.read_text()), "") or "<module>"
 
 
 def test_nbval_reads_every_rule_of_the_sanitizer():

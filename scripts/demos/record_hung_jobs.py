@@ -9,11 +9,11 @@ ended by its own timeout.
 
 Paths and names of the machine that recorded them become short names (the Python that ran the job: "python";
 the course directory: "."; a package's install folder, site-packages or dist-packages, absolute or relative, is
-dropped, so torch's files read torch/distributed/...; Python's own library folder too; the host: HOST), so that
-the files say nothing about where they were made: the recorder refuses to write a file that still holds a path of
-this machine. Run it again after changing scripts/demos/hangs.py, scripts/demos/runner.py or
-scripts/machinery/cli.py: the exercises' checks read line numbers from these files (tests/test_hangs.py checks
-every course frame against the source).
+dropped, so torch's files read torch/distributed/...; Python's own library folder too; the hosts that the
+pre-flight line and torchrun's summary name: HOST), so that the files say nothing about where they were made: the
+recorder refuses to write a file that still holds a path of this machine. Run it again after changing
+scripts/demos/hangs.py, scripts/demos/runner.py or scripts/machinery/cli.py: the exercises' checks read line
+numbers from these files (tests/test_stored_notebooks.py checks every course frame against the source).
 """
 import re
 import sys
@@ -28,10 +28,10 @@ from machinery.output_paths import REPO
 PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)
 # Whatever leads up to an install folder, as torch's log lines name it (relative to the first folder on sys.path
 # that holds it: the course directory when a venv lies inside it) or as a traceback does (absolute).
-INSTALL_FOLDER = re.compile(r"[^\s\"'(]*(?:site|dist)-packages/")
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.-]+/)+[\w.-]+")  # not a URL's path (https://host/...)
-HOSTS = [re.compile(r"^(pre-flight all_reduce ok: .* node\(s\): )\S+", re.M),  # the job ran on one host
-         re.compile(r"^(\s*host\s*: ).+$", re.M)]  # torchrun's summary of a failure
+INSTALL_FOLDER = re.compile(r"(?<![\w./:+-])/?(?:[\w.+-]+/)+(?:site|dist)-packages/")
+URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s]+\S*")  # https://pytorch.org/docs/...; file:///home/... is not one
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/+(?:[\w.-]+/)+[\w.-]+")
+PRE_FLIGHT_LINE = re.compile(r"^pre-flight all_reduce ok: .*$", re.M)  # "... node(s): vm [0-1], gpu7 [2-3]"
 
 
 def without_machine_paths(text):
@@ -39,10 +39,10 @@ def without_machine_paths(text):
     for long, name in [(sys.executable, "python"), (sysconfig.get_paths()["stdlib"] + "/", ""),
                        (str(REPO) + "/", ""), (str(REPO), ".")]:
         text = text.replace(long, name)
-    for host in HOSTS:
-        text = host.sub(r"\1HOST", text)
+    text = PRE_FLIGHT_LINE.sub(lambda line: re.sub(r"\S+(?= \[)", "HOST", line[0]), text)
+    text = re.sub(r"^(\s*host\s*: ).+$", r"\1HOST", text, flags=re.M)  # torchrun's summary of a failure
     text = PYTHON_HEADER.sub(r"\1", text)
-    left = ABSOLUTE_PATH.findall(text)
+    left = ABSOLUTE_PATH.findall(URL.sub("", text))
     if left:
         raise ValueError(f"a path of this machine would be stored: {left}; shorten it in without_machine_paths")
     return text
