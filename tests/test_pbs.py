@@ -41,14 +41,15 @@ import pytest
 import torch
 
 from cluster_helpers import (
-    JOB_SCRIPTS, STAND_INS, clean_environment, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup, read_record,
-    wait_for_file,
+    BATCH_TIMEOUT, JOB_SCRIPTS, STAND_INS, clean_environment, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup,
+    read_record, wait_for_file,
 )
 from machinery.checkpoints import checkpoints_in
 from data_makers import write_image_folder, write_resnet18_weights
 
 SETUP, NO_PBS = pbs_setup()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT),
+              pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")]
 
 HEAD, NODE2 = (SETUP or {}).get("PBS_HOSTS", "pbshead pbsnode2").split()
 ONE_HOST = ("select=1:ncpus=2:mem=4gb", "walltime=00:10:00")

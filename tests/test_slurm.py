@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from cluster_helpers import JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
+from cluster_helpers import BATCH_TIMEOUT, JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
 from data_makers import write_image_folder, write_resnet18_weights
 from helpers import assert_same_weights, run_torchrun, saved_weights
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT), pytest.mark.skipif(
     shutil.which("sbatch") is None,
     reason="Slurm is not installed (no sbatch on PATH); `sudo bash .ci/start_slurm.sh` installs and starts one",
 )]
@@ -88,7 +88,10 @@ def submitted(tmp_path_factory):
     # stretches each of them, so the wait fails only when no job has changed state for WAIT_SECONDS.
     states, last_change = {}, time.monotonic()
     while True:
-        now = {step: job_state(job_id) for step, job_id in jobs.items()}
+        # A finished job keeps the state it ended in: Slurm forgets a job MinJobAge (600 s, .ci/start_slurm.sh) after
+        # its end, and a batch stretched by load outlasts that ("Invalid job id" for its first jobs).
+        now = {step: states[step] if states.get(step, ("",))[0] in DONE else job_state(job_id)
+               for step, job_id in jobs.items()}
         if all(state in DONE for state, _ in now.values()):
             states = now
             break
