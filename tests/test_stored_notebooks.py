@@ -4,7 +4,10 @@ or machine to machine that the sanitizer does not mask.
 - no per-run metadata: nbclient stores `execution` timestamps in every cell unless told not
   to (`make notebooks` tells it: record_timing=False), and each run would change every cell;
 - the kernel they ask for is the course's (`make kernel` registers it), in every notebook;
-- no output shows a path of the machine that ran it.
+- no output shows a path of the machine that ran it;
+- notebook 09's hung-job evidence: the recorder that made it stores no path or host of the machine, and the
+  stored py-spy dumps still point at the course's code as it is;
+- nbval reads every rule of the sanitizer.
 """
 import ast
 import json
@@ -66,13 +69,13 @@ def test_the_hung_job_recorder_stores_no_path_or_host_of_this_machine():
     reads HOST, and a path it cannot shorten stops the recording instead of being stored."""
     from demos.record_hung_jobs import without_machine_paths
 
-    recorded = (f"W1126 22:05:43.269000 20357 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
-                f"multiprocessing/api.py:1028] Sending process 20706 closing signal SIGTERM\n"
-                f'  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 1142, in <module>\n'
+    recorded = ("W1126 22:05:43.269000 20357 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                "multiprocessing/api.py:1028] Sending process 20706 closing signal SIGTERM\n"
+                '  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 1142, in <module>\n'
                 f"Process 20706: {sys.executable} -u {REPO}/scripts/demos/hangs.py --demo uneven\n"
-                f"pre-flight all_reduce ok: 4 rank(s) on 2 node(s): gpu-node-17 [0-1], gpu-node-18 [2-3]\n"
-                f"  host      : gpu-node-17.cluster.example.org\n"
-                f"  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+                "pre-flight all_reduce ok: 4 rank(s) on 2 node(s): gpu-node-17 [0-1], gpu-node-18 [2-3]\n"
+                "  host      : gpu-node-17.cluster.example.org\n"
+                "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
     assert without_machine_paths(recorded) == (
         "W1126 22:05:43.269000 20357 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 20706 "
         "closing signal SIGTERM\n"
