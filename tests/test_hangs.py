@@ -50,7 +50,8 @@ def test_py_spy_finds_the_collective_each_rank_of_a_hung_job_waits_in():
 
 def test_without_the_debug_check_a_mismatch_returns_on_one_rank_and_times_out_on_the_other():
     output = run_hangs("--demo", "shapes", "--timeout", 3)
-    shapes = runner.split_sections(output)["shapes"]
+    shapes = runner.split_sections(output).get("shapes")
+    assert shapes is not None, output  # the demo started: every rank joined and passed the pre-flight
     assert "rank 0: all_reduce returned [2.0, 2.0, 2.0]" in shapes, output  # 3 values summed, no error
     assert re.search(r"^error: rank 1: RuntimeError: Timed out waiting 3000ms for recv operation to complete$",
                      output, re.M), output
@@ -59,6 +60,7 @@ def test_without_the_debug_check_a_mismatch_returns_on_one_rank_and_times_out_on
 def test_the_debug_check_names_each_mismatch_and_the_rank_that_never_came():
     output = run_hangs("--demo", "shapes", "ops", "skip", "--timeout", 3, TORCH_DISTRIBUTED_DEBUG="DETAIL")
     sections = runner.split_sections(output)
+    assert {"shapes", "ops"} <= sections.keys(), output
     for rank, mine, theirs in [(0, "[3]", "[4]"), (1, "[4]", "[3]")]:
         assert re.search(rf"^rank {rank}: RuntimeError: Detected mismatch between collectives on ranks\. Rank {rank} "
                          rf"is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=ALLREDUCE, "
