@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun, script_env
 from lesson import process
-from machinery import stragglers
+from machinery import launch_checks, stragglers
+from machinery.errors import CourseError
 
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 
@@ -120,3 +121,19 @@ def test_the_rank_behind_is_named_however_long_the_steps(two_ranks, stopped_at, 
         assert re.search(rf"rank 1 last reported step {stopped_at[0]} \d+ s ago \({stopped_at[1]}\)", line), line
     else:
         assert "the other ranks' progress is unknown" in line, line
+
+
+def test_a_rank_that_the_others_never_join_stops_with_one_line_after_its_wait(monkeypatch):
+    """Rank 1 of a first attempt on torchrun's agent store, with no rank 0 ever coming (a node that never
+    started): it waits for the others as long as --timeout (at least START_WAIT_S), then stops with one line."""
+    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent_store.port), RANK="1", WORLD_SIZE="2",
+                            TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_USE_AGENT_STORE="True").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch_checks, "START_WAIT_S", 1)  # the floor, not to wait 300 s here
+    started = time.monotonic()
+    with pytest.raises(CourseError) as raised:
+        launch_checks.wait_for_every_rank(timeout=2)
+    assert 2 <= time.monotonic() - started  # it waited --timeout for rank 0, no less
+    assert str(raised.value).startswith("rank 1: not all 2 ranks started within 2 s"), raised.value
+    assert agent_store.add("course/2-ranks-started/num_members", 0) == 1  # rank 1 checked in, alone

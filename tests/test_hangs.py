@@ -57,6 +57,20 @@ def test_without_the_debug_check_a_mismatch_returns_on_one_rank_and_times_out_on
                      output, re.M), output
 
 
+def test_a_rank_that_starts_late_is_waited_for_and_the_timeout_counts_from_a_common_start(tmp_path):
+    """Rank 0 starts 8 s after rank 1, far beyond the demo's 3 s: init_process_group alone would give up on it
+    after 3 s. The ranks meet on torchrun's store first (launch_checks.wait_for_every_rank), so the demo runs."""
+    late_start = tmp_path / "late_start"
+    late_start.mkdir()
+    (late_start / "sitecustomize.py").write_text(  # Python imports it at start-up, before the script
+        'import os, time\nif os.environ.get("RANK") == "0":\n    time.sleep(8)\n')
+    output = run_hangs("--demo", "shapes", "--timeout", 3, PYTHONPATH=late_start)
+    shapes = runner.split_sections(output).get("shapes")
+    assert shapes is not None, output
+    assert "rank 0: all_reduce returned [2.0, 2.0, 2.0]" in shapes, output
+    assert "Timed out waiting 3000ms for recv operation" in output, output  # the demo's own timeout ended it
+
+
 def test_the_debug_check_names_each_mismatch_and_the_rank_that_never_came():
     output = run_hangs("--demo", "shapes", "ops", "skip", "--timeout", 3, TORCH_DISTRIBUTED_DEBUG="DETAIL")
     sections = runner.split_sections(output)

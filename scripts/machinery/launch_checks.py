@@ -5,6 +5,8 @@
 - GPUs: as many on the node as processes, each of an architecture this torch build has kernels for;
 - gloo's network interfaces: ``GLOO_SOCKET_IFNAME`` must name interfaces of this host;
 - where the ranks landed: the pre-flight line ``describe_world`` writes;
+- when the ranks start: seconds apart; they meet before init_process_group (``wait_for_every_rank``), so
+  that a few seconds of ``--timeout`` count from a common start;
 - torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group; a restarted
   worker moves its attempt onto a store of its own (``meet_on_a_fresh_store``).
 """
@@ -173,6 +175,39 @@ def first_attempt():
 def restart_count():
     """How many times torchrun has restarted this worker group (0 in its first attempt, and without torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+# Ranks start seconds apart: each imports torch, and a busy node or a shared file system slows some more
+# than others. init_process_group waits for the others only as long as its timeout, so a drill that gives
+# its collectives a few seconds (--timeout 3) would fail in init, before the drill, when a rank starts late.
+START_WAIT_S = 300
+
+
+def wait_for_every_rank(timeout):
+    """Before init_process_group, meet every rank of the group's first attempt on torchrun's agent store
+    (MASTER_ADDR:MASTER_PORT), waiting up to the larger of ``timeout`` and START_WAIT_S seconds; init's
+    timeout then counts from a common start. Nothing to meet in one process or without torchrun; nothing to
+    meet on with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (no store runs before init then). A restarted group's
+    ranks meet in ``meet_on_a_fresh_store``. The keys name the world size: a group that torchrun re-forms
+    without counting a restart (a node joined) meets on keys of its own size; one of the same size reuses the
+    first meeting's keys, whose count reaches the world size no later than fresh ones would, so it never waits
+    longer. A rank that the others never join stops with one line."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1 or not first_attempt() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import datetime
+
+    from torch.distributed.elastic.utils import store as store_util
+
+    wait, rank = max(timeout, START_WAIT_S), os.environ["RANK"]
+    try:
+        agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                    timeout=datetime.timedelta(seconds=wait))
+        store_util.barrier(agent_store, world_size, key_prefix=f"course/{world_size}-ranks-started",
+                           barrier_timeout=wait)
+    except RuntimeError as error:  # DistStoreError, DistNetworkError: a rank never came, or no agent store
+        raise CourseError(f"rank {rank}: not all {world_size} ranks started within {wait} s ({first_line(error)}); "
+                          f"the log of the rank or node that is missing says why") from None
 
 
 # torch 2.14's torchrun keeps one key-value store for every attempt of a worker group (its agent's,
