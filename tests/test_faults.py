@@ -6,6 +6,7 @@ drill sleeps for an hour, so finishing at all means the course's --timeout ended
 """
 import datetime
 import re
+import signal
 import subprocess
 import time
 
@@ -136,4 +137,25 @@ def test_a_rank_that_the_others_never_join_stops_with_one_line_after_its_wait(mo
         launch_checks.wait_for_every_rank(timeout=2)
     assert 2 <= time.monotonic() - started  # it waited --timeout for rank 0, no less
     assert str(raised.value).startswith("rank 1: not all 2 ranks started within 2 s"), raised.value
-    assert agent_store.add("course/2-ranks-started/num_members", 0) == 1  # rank 1 checked in, alone
+    assert agent_store.add("course/2-ranks-started/count", 0) == 1  # rank 1 checked in, alone
+
+
+def test_a_rank_waiting_for_the_others_to_start_ends_after_sigterm_not_after_its_wait():
+    """torchrun stops a group whose peer failed at start with SIGTERM. A rank waiting for the others to start
+    must act on it (graceful_stop: SIGALRM at --grace-period's end) instead of after its 300 s wait."""
+    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = script_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=agent_store.port, RANK=1, LOCAL_RANK=1, WORLD_SIZE=2,
+                     LOCAL_WORLD_SIZE=2, TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_USE_AGENT_STORE="True")
+    code = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); from machinery import cli; "
+            "cli.run(lambda argv: None, ['--timeout', '3', '--grace-period', '3'])")
+    rank = subprocess.Popen([PYTHON, "-c", code], cwd=REPO, env=env)
+    try:
+        checked_in = time.monotonic() + 120  # a hang guard: importing torch on a busy machine
+        while agent_store.add("course/2-ranks-started/count", 0) == 0 and rank.poll() is None:
+            assert time.monotonic() < checked_in, "rank 1 never reached the meeting"
+            time.sleep(0.1)
+        assert rank.poll() is None  # it waits in the meeting
+        rank.send_signal(signal.SIGTERM)
+        assert rank.wait(timeout=120) == -signal.SIGALRM  # the limit SIGTERM set ended it, far before 300 s
+    finally:
+        rank.kill()

@@ -1,5 +1,6 @@
 """scripts/demos/hangs.py and the py-spy route of notebook 09: each hang ends by itself, at the process
 group's timeout, with the message the notebook shows; py-spy finds where every rank of a hung job waits."""
+import os
 import re
 import subprocess
 
@@ -64,7 +65,8 @@ def test_a_rank_that_starts_late_is_waited_for_and_the_timeout_counts_from_a_com
     late_start.mkdir()
     (late_start / "sitecustomize.py").write_text(  # Python imports it at start-up, before the script
         'import os, time\nif os.environ.get("RANK") == "0":\n    time.sleep(8)\n')
-    output = run_hangs("--demo", "shapes", "--timeout", 3, PYTHONPATH=late_start)
+    output = run_hangs("--demo", "shapes", "--timeout", 3,
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(late_start), os.environ.get("PYTHONPATH")])))
     shapes = runner.split_sections(output).get("shapes")
     assert shapes is not None, output
     assert "rank 0: all_reduce returned [2.0, 2.0, 2.0]" in shapes, output

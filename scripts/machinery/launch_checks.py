@@ -13,6 +13,7 @@
 import contextlib
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -185,33 +186,40 @@ START_WAIT_S = 300
 
 def wait_for_every_rank(timeout):
     """Before init_process_group, meet every rank of the group's first attempt on torchrun's agent store
-    (MASTER_ADDR:MASTER_PORT), waiting up to the larger of ``timeout`` and START_WAIT_S seconds; init's
-    timeout then counts from a common start. Nothing to meet in one process or without torchrun; nothing to
-    meet on with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (no store runs before init then). A restarted group's
-    ranks meet in ``meet_on_a_fresh_store``. The keys name the world size: a group that torchrun re-forms
-    without counting a restart (a node joined) meets on keys of its own size; one of the same size reuses the
-    first meeting's keys, whose count reaches the world size no later than fresh ones would, so it never waits
-    longer. A rank that the others never join stops with one line."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1 or not first_attempt() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    (MASTER_ADDR:MASTER_PORT), waiting up to the larger of ``timeout`` and START_WAIT_S seconds: init's
+    timeout then counts from a common start. Only where the workers share the agent's store
+    (TORCHELASTIC_USE_AGENT_STORE=True: not with c10d rendezvous and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    as the course's restartable runs set it) and only in a first attempt: after a restart the ranks are not
+    met here. The keys name the world size: a group that torchrun re-forms without counting a restart (a
+    node joined) meets on keys of its own size; one of the same size finds the first meeting's count and
+    goes on without waiting for the others, never hanging. A rank that the others never join stops with
+    one line."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not first_attempt():
+        return
+    world_size, rank = int(os.environ["WORLD_SIZE"]), os.environ["RANK"]
+    if world_size == 1:
         return
     import datetime
 
-    from torch.distributed.elastic.utils import store as store_util
-
-    wait, rank = max(timeout, START_WAIT_S), os.environ["RANK"]
+    address, port, wait = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), max(timeout, START_WAIT_S)
     try:
-        agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                    timeout=datetime.timedelta(seconds=wait))
-        store_util.barrier(agent_store, world_size, key_prefix=f"course/{world_size}-ranks-started",
-                           barrier_timeout=wait)
-    except RuntimeError as error:  # DistStoreError, DistNetworkError: a rank never came, or no agent store
-        raise CourseError(f"rank {rank}: not all {world_size} ranks started within {wait} s ({first_line(error)}); "
-                          f"the log of the rank or node that is missing says why") from None
+        agent_store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=wait))
+    except RuntimeError as error:  # DistNetworkError
+        raise CourseError(f"rank {rank} could not reach torchrun's store at {address}:{port} within {wait} s "
+                          f"({first_line(error)}); check that this host can reach {address}") from None
+    meeting = f"course/{world_size}-ranks-started"
+    if agent_store.add(f"{meeting}/count", 1) == world_size:
+        agent_store.set(f"{meeting}/all-here", "yes")
+    deadline = time.monotonic() + wait
+    while not agent_store.check([f"{meeting}/all-here"]):
+        if time.monotonic() > deadline:
+            raise CourseError(f"rank {rank}: not all {world_size} ranks started within {wait} s; the log of "
+                              f"the rank or node that is missing says why")
+        time.sleep(0.1)  # a signal's handler runs here; in a store's own wait it would run only after it
 
 
 # torch 2.14's torchrun keeps one key-value store for every attempt of a worker group (its agent's,
-# at MASTER_ADDR:MASTER_PORT, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and init_process_group
+# at MASTER_ADDR:MASTER_PORT, unless c10d rendezvous runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and init_process_group
 # writes the same keys into it in every attempt. A restarted group can then read a dead peer's address
 # left by the attempt before, and fail to connect or hang (pytorch/pytorch#167288, #135712). The
 # course's launchers set the variable, which gives each attempt a store of its own; a plain torchrun
