@@ -194,7 +194,7 @@ def run(main, argv=None):
     graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
     try:
         timeout = number_in(words, "--timeout", int, 300)
-        launch_checks.wait_for_every_rank(timeout)
+        launch_checks.wait_for_every_rank(timeout, stop_signal=graceful_stop.stop_signal)
         launch_checks.meet_on_a_fresh_store(timeout)
         main(argv)
     except graceful_stop.Stopped as stopped:

@@ -77,6 +77,12 @@ def on_signal(number, frame):
     received.append(number)
 
 
+def stop_signal():
+    """The name of the first signal received that ends a run (not SIGUSR1, a warning), or None."""
+    ending = [number for number in received if number != signal.SIGUSR1]
+    return signal.Signals(ending[0]).name if ending else None
+
+
 def stuck_after():
     """Seconds after SIGTERM by which a run that is not stuck has stopped: three of its longest steps and two of
     its longest checkpoints, and never less than 10 s."""

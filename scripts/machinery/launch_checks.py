@@ -5,8 +5,9 @@
 - GPUs: as many on the node as processes, each of an architecture this torch build has kernels for;
 - gloo's network interfaces: ``GLOO_SOCKET_IFNAME`` must name interfaces of this host;
 - where the ranks landed: the pre-flight line ``describe_world`` writes;
-- when the ranks start: seconds apart; they meet before init_process_group (``wait_for_every_rank``), so
-  that a few seconds of ``--timeout`` count from a common start;
+- when the ranks start: seconds apart; where they share torchrun's store and it restarts nothing, they meet
+  before init_process_group (``wait_for_every_rank``), so that a few seconds of ``--timeout`` count from a
+  common start;
 - torchrun's restarts: torch 2.14 keeps one store for every attempt of a worker group; a restarted
   worker moves its attempt onto a store of its own (``meet_on_a_fresh_store``).
 """
@@ -184,38 +185,41 @@ def restart_count():
 START_WAIT_S = 300
 
 
-def wait_for_every_rank(timeout):
-    """Before init_process_group, meet every rank of the group's first attempt on torchrun's agent store
-    (MASTER_ADDR:MASTER_PORT), waiting up to the larger of ``timeout`` and START_WAIT_S seconds: init's
-    timeout then counts from a common start. Only where the workers share the agent's store
-    (TORCHELASTIC_USE_AGENT_STORE=True: not with c10d rendezvous and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
-    as the course's restartable runs set it) and only in a first attempt: after a restart the ranks are not
-    met here. The keys name the world size: a group that torchrun re-forms without counting a restart (a
-    node joined) meets on keys of its own size; one of the same size finds the first meeting's count and
-    goes on without waiting for the others, never hanging. A rank that the others never join stops with
-    one line."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not first_attempt():
+def wait_for_every_rank(timeout, stop_signal=lambda: None):
+    """Before init_process_group, meet every rank on torchrun's agent store (MASTER_ADDR:MASTER_PORT),
+    waiting up to the larger of ``timeout`` and START_WAIT_S seconds: init's timeout then counts from a
+    common start. Only where the workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE=True: always
+    with the static rendezvous, with c10d unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and torchrun restarts
+    nothing (--max-restarts 0): then every rank's agent counts 0 restarts and every rank meets. The keys
+    name the world size: a group that torchrun re-forms (a node joined) meets on keys of its own size, or,
+    of the same size, on a count that reaches it as every rank adds one. A rank stops with one line when
+    ``stop_signal()`` names a signal, when the store goes away, or when some rank never comes."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("TORCHELASTIC_MAX_RESTARTS") != "0":
         return
     world_size, rank = int(os.environ["WORLD_SIZE"]), os.environ["RANK"]
     if world_size == 1:
         return
     import datetime
 
-    address, port, wait = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), max(timeout, START_WAIT_S)
-    try:
-        agent_store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=wait))
-    except RuntimeError as error:  # DistNetworkError
-        raise CourseError(f"rank {rank} could not reach torchrun's store at {address}:{port} within {wait} s "
-                          f"({first_line(error)}); check that this host can reach {address}") from None
+    address, port, wait = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], max(timeout, START_WAIT_S)
     meeting = f"course/{world_size}-ranks-started"
-    if agent_store.add(f"{meeting}/count", 1) == world_size:
-        agent_store.set(f"{meeting}/all-here", "yes")
-    deadline = time.monotonic() + wait
-    while not agent_store.check([f"{meeting}/all-here"]):
-        if time.monotonic() > deadline:
-            raise CourseError(f"rank {rank}: not all {world_size} ranks started within {wait} s; the log of "
-                              f"the rank or node that is missing says why")
-        time.sleep(0.1)  # a signal's handler runs here; in a store's own wait it would run only after it
+    try:  # each call returns within --timeout, as init's own would: a signal's handler runs between them
+        agent_store = dist.TCPStore(address, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout))
+        agent_store.set(f"{meeting}/rank-{rank}", "here")
+        if agent_store.add(f"{meeting}/count", 1) == world_size:
+            agent_store.set(f"{meeting}/all-here", "yes")
+        deadline = time.monotonic() + wait
+        while not agent_store.check([f"{meeting}/all-here"]):
+            if stop_signal():
+                raise CourseError(f"rank {rank}: {stop_signal()} came while it waited for the other ranks to start")
+            if time.monotonic() > deadline:
+                missing = [r for r in range(world_size) if not agent_store.check([f"{meeting}/rank-{r}"])]
+                raise CourseError(f"rank {rank}: rank(s) {format_ranks(missing)} of {world_size} did not start "
+                                  f"within {wait} s; their log, or their node's, says why")
+            time.sleep(0.1)
+    except RuntimeError as error:  # DistNetworkError, DistStoreError: the agent's store is gone or out of reach
+        raise CourseError(f"rank {rank} lost torchrun's store at {address}:{port} while waiting for the other ranks "
+                          f"to start ({first_line(error)}); the log of the node that hosts it says why") from None
 
 
 # torch 2.14's torchrun keeps one key-value store for every attempt of a worker group (its agent's,
