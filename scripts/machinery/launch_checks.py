@@ -191,9 +191,9 @@ def wait_for_every_rank(timeout, stop_signal=lambda: None):
     common start. Only where the workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE=True: always
     with the static rendezvous, with c10d unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and torchrun restarts
     nothing (--max-restarts 0): then every rank's agent counts 0 restarts and every rank meets. The keys
-    name the world size: a group that torchrun re-forms (a node joined) meets on keys of its own size, or,
-    of the same size, on a count that reaches it as every rank adds one. A rank stops with one line when
-    ``stop_signal()`` names a signal, when the store goes away, or when some rank never comes."""
+    name the world size: a group that torchrun re-forms (a node joined; without restarts the world only
+    grows) meets on keys of its new size. A rank stops with one line when ``stop_signal()`` names a signal,
+    when the store goes away, or when some rank never comes."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or os.environ.get("TORCHELASTIC_MAX_RESTARTS") != "0":
         return
     world_size, rank = int(os.environ["WORLD_SIZE"]), os.environ["RANK"]
@@ -203,29 +203,30 @@ def wait_for_every_rank(timeout, stop_signal=lambda: None):
 
     address, port, wait = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], max(timeout, START_WAIT_S)
     meeting = f"course/{world_size}-ranks-started"
-    try:  # each call returns within --timeout, as init's own would: a signal's handler runs between them
+    count = f"{meeting}/count"
+    try:  # the client gives up connecting after --timeout, as init's own would
         agent_store = dist.TCPStore(address, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout))
-        agent_store.set(f"{meeting}/rank-{rank}", "here")
-        if agent_store.add(f"{meeting}/count", 1) == world_size:
-            agent_store.set(f"{meeting}/all-here", "yes")
+        agent_store.add(count, 1)
+        agent_store.set(f"{meeting}/rank-{rank}", "here")  # after the count: a rank not counted is never here
         deadline = time.monotonic() + wait
-        while not agent_store.check([f"{meeting}/all-here"]):
+        while agent_store.add(count, 0) < world_size:
             if stop_signal():
                 raise CourseError(f"rank {rank}: {stop_signal()} came while it waited for the other ranks to start")
             if time.monotonic() > deadline:
                 missing = [r for r in range(world_size) if not agent_store.check([f"{meeting}/rank-{r}"])]
                 raise CourseError(f"rank {rank}: rank(s) {format_ranks(missing)} of {world_size} did not start "
                                   f"within {wait} s; their log, or their node's, says why")
-            time.sleep(0.1)
+            time.sleep(0.1)  # a signal's handler runs here; in a store's own wait it would run only after it
     except RuntimeError as error:  # DistNetworkError, DistStoreError: the agent's store is gone or out of reach
-        raise CourseError(f"rank {rank} lost torchrun's store at {address}:{port} while waiting for the other ranks "
-                          f"to start ({first_line(error)}); the log of the node that hosts it says why") from None
+        raise CourseError(f"rank {rank} lost, or could not reach, torchrun's store at {address}:{port} while waiting "
+                          f"for the other ranks to start ({first_line(error)}); the log of the node that hosts it says "
+                          f"why") from None
 
 
 # torch 2.14's torchrun keeps one key-value store for every attempt of a worker group (its agent's,
-# at MASTER_ADDR:MASTER_PORT, unless c10d rendezvous runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and init_process_group
-# writes the same keys into it in every attempt. A restarted group can then read a dead peer's address
-# left by the attempt before, and fail to connect or hang (pytorch/pytorch#167288, #135712). The
+# at MASTER_ADDR:MASTER_PORT, unless c10d rendezvous runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), and
+# init_process_group writes the same keys into it in every attempt. A restarted group can then read a dead
+# peer's address left by the attempt before, and fail to connect or hang (pytorch/pytorch#167288, #135712). The
 # course's launchers set the variable, which gives each attempt a store of its own; a plain torchrun
 # line does not, so a restarted worker makes itself one (``meet_on_a_fresh_store``).
 FRESH_STORE_PER_ATTEMPT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
