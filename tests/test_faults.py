@@ -132,8 +132,8 @@ MEETING_COUNT = "course/2-ranks-started/count"
 
 
 def test_a_rank_that_the_others_never_join_stops_with_one_line_naming_them_after_its_wait(monkeypatch):
-    """No rank 0 ever reaches the meeting (stuck on a file system, say): rank 1 waits as long as --timeout (at
-    least START_WAIT_S), then stops with one line that names the rank missing."""
+    """No rank 0 ever reaches the meeting (stuck on a file system, say): rank 1 waits --timeout or START_WAIT_S,
+    whichever is longer, then stops with one line that names the rank missing."""
     agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     for name, value in dict(RANK_1_OF_2, MASTER_PORT=str(agent_store.port)).items():
         monkeypatch.setenv(name, value)
