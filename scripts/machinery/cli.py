@@ -183,8 +183,7 @@ def parse_args(argv=None, description=None, add_arguments=None):
 def run(main, argv=None):
     """Run a script's ``main`` so that a CourseError, or a collective that failed, is one line on stderr
     and exit status 1, never a traceback. Before it: a printed line leaves in one write (write_whole_lines), signals
-    only ask for a graceful stop (graceful_stop.py), the ranks meet before any of them starts its clock, and a
-    restarted worker group meets on a fresh store (launch_checks.py)."""
+    only ask for a graceful stop (graceful_stop.py), the ranks meet before init_process_group (launch_checks.py)."""
     import torch.distributed as dist
 
     from . import graceful_stop, launch_checks, stragglers
@@ -193,9 +192,7 @@ def run(main, argv=None):
     write_whole_lines()
     graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
     try:
-        timeout = number_in(words, "--timeout", int, 300)
-        launch_checks.wait_for_every_rank(timeout, stop_signal=graceful_stop.stop_signal)
-        launch_checks.meet_on_a_fresh_store(timeout)
+        launch_checks.meet_before_init(number_in(words, "--timeout", int, 300), graceful_stop.stop_signal)
         main(argv)
     except graceful_stop.Stopped as stopped:
         graceful_stop.finish(stopped)

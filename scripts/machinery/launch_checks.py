@@ -179,6 +179,14 @@ def restart_count():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def meet_before_init(timeout, stop_signal):
+    """What cli.run does before a script's main, so before init_process_group: the ranks of a group that
+    torchrun restarts nothing meet (``wait_for_every_rank``); a restarted group moves onto a store of its own
+    (``meet_on_a_fresh_store``)."""
+    wait_for_every_rank(timeout, stop_signal)
+    meet_on_a_fresh_store(timeout)
+
+
 # Ranks start seconds apart: each imports torch, and a busy node or a shared file system slows some more
 # than others. init_process_group waits for the others only as long as its timeout, so a drill that gives
 # its collectives a few seconds (--timeout 3) would fail in init, before the drill, when a rank starts late.
