@@ -8,9 +8,8 @@ PY     ?= $(VENV)/bin/python
 ENV    := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=600
 # Three test files at a time (pytest-xdist), each file whole in one worker so that its module fixtures run once.
-# Even on 2 cores a third worker pays: many tests wait (on a scheduler, a --timeout drill, a stalled rank), and
-# while they wait the other two compute. The longest files go first (conftest.py, LONGEST_FIRST). PARALLEL= runs
-# them one after the other.
+# Many tests wait (on a scheduler, a --timeout drill, a stalled rank); on 2 cores a third worker keeps both cores
+# busy meanwhile. The longest files go first (conftest.py, LONGEST_FIRST). PARALLEL= runs them one after the other.
 PARALLEL ?= -n 3 --dist loadfile --no-loadscope-reorder
 # The Jupyter kernel the notebooks ask for (their kernelspec), registered by `make kernel`.
 KERNEL := ddp-course
