@@ -9,8 +9,10 @@ at a chosen step, to torchrun itself, which passes them on to every worker as it
 waits until the signal has come back. So every run below stops at a known step, whatever the machine's speed.
 Dropout is on in every run: each rank's random stream must come back too.
 """
+import contextlib
 import datetime
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 from helpers import (PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights, run_outputs,
-                     run_python, run_torchrun, saved_weights, script_env)
+                     run_python, run_torchrun, saved_weights, script_env, torchrun_command)
 from machinery import checkpoints, cli, graceful_stop, launch_checks
 from machinery.errors import CourseError
+from notebook_support import rank_stacks
 
 # 2 epochs of 6 steps, 32 images per rank and step; a checkpoint every 4 steps and at each epoch's end.
 RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4)
@@ -256,21 +259,78 @@ def test_start_over_and_resume_exclude_each_other():
     assert "Traceback" not in done.stderr  # the parser's refusal, as a user typing it sees it
 
 
+def lines_until(process, text):
+    """Read ``process``'s output until a line holds ``text``; the lines read."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"the run ended before printing {text!r}:\n{''.join(lines)}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("grace", [("--grace-period", "3"), ()], ids=["grace-period", "none-given"])
-def test_a_stuck_process_ends_itself_after_sigterm(tmp_path, grace):
-    """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes, as in a hung
-    collective): it ends itself (SIGALRM), as SIGTERM alone would have ended it. With --grace-period, one second
-    before the SIGKILL that it announces (on PBS that SIGKILL reaches torchrun, not its workers, which live in
-    sessions of their own: without this they would outlive the job); without, 10 s on (torchrun would wait 30 s
-    before its SIGKILL, and only then restart the group)."""
+def test_a_stuck_process_ends_itself_after_sigterm(tmp_path):
+    """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes): it ends itself
+    (SIGALRM), as SIGTERM alone would have ended it, 10 s on without --grace-period (torchrun would wait 30 s
+    before its SIGKILL, and only then restart the group). torch's threads may be handed the signal instead of the
+    sleeping main thread; the alarm is armed all the same (graceful_stop.watch_for_sigterm)."""
     command = [PYTHON, str(SCRIPTS / "step1_baseline.py"), *map(str, RUN), *map(str, run_outputs(tmp_path, "stuck")),
-               *grace, "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
+               "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
     stuck = subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    for line in stuck.stdout:
-        if "fault drill: rank 0 stalls" in line:
-            stuck.send_signal(signal.SIGTERM)
-            break
+    lines_until(stuck, "fault drill: rank 0 stalls")
+    stuck.send_signal(signal.SIGTERM)
     stuck.communicate(timeout=120)  # a hang guard: the stall alone would last ten minutes
     assert stuck.returncode == -signal.SIGALRM  # only the alarm the SIGTERM armed sends it
+
+
+def wait_until_in_a_collective(pid, give_up_s=120):
+    """Poll py-spy's dump of process ``pid`` until its main thread is inside a torch.distributed call in two dumps
+    in a row: the wait that lasts, not a brief collective on its way."""
+    give_up, seen = time.monotonic() + give_up_s, 0  # a hang guard: the drill makes the wait last ten minutes
+    while seen < 2:
+        text = rank_stacks.dump(pid)
+        assert not text.startswith("py-spy failed"), text
+        seen = seen + 1 if rank_stacks.waits_in_a_collective(rank_stacks.main_thread(text)) else 0
+        assert time.monotonic() < give_up, f"not in a collective after {give_up_s} s:\n{text}"
+        time.sleep(0.2)
+
+
+# Imported by every process at start-up (PYTHONPATH): py-spy, started by this test and not by an ancestor of the
+# ranks, may then read them where Yama's ptrace_scope is 1 (demos/hangs.py, allow_py_spy, says more).
+ALLOW_PY_SPY = "import ctypes\nctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER_ANY\n"
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_in_a_collective_ends_itself_after_sigterm(tmp_path):
+    """Rank 1 stalls after step 2 for ten minutes, so rank 0 waits in the all_reduce of step 3 (step2_allreduce.py
+    averages gradients by hand) inside gloo, where Python runs no signal handler; --timeout 600 keeps it there. Once
+    py-spy shows it waiting, SIGTERM to rank 0 alone, as a scheduler's reaches a worker: it ends itself by the
+    alarm the SIGTERM armed (--grace-period 3 sets it 2 s on), and torchrun names it as the root cause, exit code
+    -14 (SIGALRM)."""
+    (tmp_path / "allow_py_spy").mkdir()
+    (tmp_path / "allow_py_spy" / "sitecustomize.py").write_text(ALLOW_PY_SPY)
+    command = torchrun_command("step2_allreduce.py", *RUN, *run_outputs(tmp_path, "stuck"), "--grace-period", 3,
+                               "--timeout", 600, "--fault", "stall", "--fault-rank", 1, "--fault-step", 2,
+                               "--fault-seconds", 600)
+    env = script_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path / "allow_py_spy"),
+                                                               os.environ.get("PYTHONPATH")])))
+    group = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        lines_until(group, "fault drill: rank 1 stalls")
+        ranks = rank_stacks.workers(group.pid)
+        wait_until_in_a_collective(ranks[0])
+        os.kill(ranks[0], signal.SIGTERM)
+        output = group.communicate(timeout=120)[0]  # a hang guard: the stall and the wait last ten minutes
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the group did not end within 120 s of rank 0's SIGTERM") from None
+    finally:
+        if group.poll() is None:  # the workers too: torchrun starts each in a session of its own
+            for pid in [*ranks.values(), group.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        group.wait()
+    root_cause = output.split("Root Cause")[-1]
+    assert re.search(r"rank\s+: 0 ", root_cause) and re.search(r"exitcode\s+: -14\b", root_cause), output[-3000:]

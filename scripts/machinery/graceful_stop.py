@@ -20,7 +20,9 @@ one line, and the process exits: status 0 when the run was asked to stop by its 
 """
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,14 +69,54 @@ def install_handlers(grace=None):
     GRACE[:] = [grace] if grace else []
     for number in SIGNALS:
         signal.signal(number, on_signal)
+    watch_for_sigterm()
 
 
 def on_signal(number, frame):
     if number == signal.SIGINT and signal.SIGINT in received:
         raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step to end
-    if number == signal.SIGTERM and number not in received:
-        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else stuck_after())  # SIGALRM's default: the end
+    if number == signal.SIGTERM:
+        arm_alarm()  # as watch_for_sigterm's thread does: whichever comes first sets it
     received.append(number)
+
+
+WAKEUP = []  # the socket pair of watch_for_sigterm, kept open for the life of the process
+
+
+def watch_for_sigterm():
+    """Arm the alarm the moment SIGTERM arrives, even while the main thread cannot run Python code.
+
+    Python runs ``on_signal`` in the main thread, between two bytecodes: not until a collective returns (or
+    fails at --timeout) when that thread waits inside torch's C++ for a peer that stalled, and not until a sleep
+    or other blocking call ends when the signal came just before it began. Python's own C-level handler, though,
+    writes the signal's number at once to the "wakeup fd" (signal.set_wakeup_fd); a thread of ours waits on that
+    socket and arms the alarm. It needs the GIL, which torch releases while it waits, as sleep and I/O do. A
+    process forked from this one (a DataLoader worker) stops writing to it."""
+    if WAKEUP:
+        return  # one watcher per process
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    WAKEUP[:] = [reader, writer]  # set_wakeup_fd keeps only the number: a closed socket's could be reused
+    signal.set_wakeup_fd(writer.fileno())
+    os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
+    threading.Thread(target=arm_alarm_on_sigterm, args=(reader,), name="sigterm-alarm", daemon=True).start()
+
+
+def arm_alarm_on_sigterm(reader):
+    while data := reader.recv(64):
+        if signal.SIGTERM in data:
+            arm_alarm()
+
+
+# Held once the alarm is set: the first SIGTERM sets it, a later one never moves it. Never waited for (it is
+# taken from a signal handler too, where waiting on a lock could deadlock).
+ALARM_ARMED = threading.Lock()
+
+
+def arm_alarm():
+    """SIGALRM, whose default action ends the process, at the limit ``install_handlers`` describes."""
+    if ALARM_ARMED.acquire(blocking=False):
+        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else stuck_after())
 
 
 def stop_signal():
