@@ -72,12 +72,18 @@ def display_path(path):
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def write_record(records_dir, kind, record):
-    """Write ``record`` as ``<records_dir>/<kind>-<date>-<time>.json`` and say where."""
-    path = Path(records_dir) / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+def record_path(records_dir, kind):
+    """Where a record of ``kind`` written now goes: ``<records_dir>/<kind>-<date>-<time>.json``."""
+    return Path(records_dir) / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def write_record(records_dir, kind, record, path=None, say=True):
+    """Write ``record`` (to ``path``, else to a new ``record_path``) and, with ``say``, say where."""
+    path = Path(path or record_path(records_dir, kind))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"record written to {display_path(path)}", flush=True)
+    if say:
+        print(f"record written to {display_path(path)}", flush=True)
     return path
 
 

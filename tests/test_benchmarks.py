@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import REPO, assert_ok, script_env
 
@@ -338,6 +339,39 @@ def test_gpu_check_on_one_gpu_runs_each_step_with_one_process(capsys, tmp_path, 
     assert out.count("--nproc-per-node=1") == 3 and "verify_equivalence" not in out
 
 
+def test_gpu_check_says_when_this_torch_is_not_the_course_s():
+    """A GPU node's own torch may be older than the course's pin; a step that fails there for want of an API
+    is then not the GPU's fault, and the run says so first."""
+    from tools import gpu_check
+
+    assert gpu_check.pinned_torch() == torch.__version__.split("+")[0]  # the course's environment has the pin
+    assert gpu_check.version_note("2.14.1+cu130", "2.14.1") is None
+    note = gpu_check.version_note("2.11.0+cu130", "2.14.1")
+    assert note.startswith("note: this Python has torch 2.11.0+cu130, the course pins 2.14.1 (requirements.txt)")
+
+
+def test_a_gpu_check_cut_short_keeps_the_record_of_the_steps_it_made(tmp_path, monkeypatch):
+    """A run stopped between two steps (a walltime, a lease that ends) leaves a record of the steps before,
+    marked unfinished."""
+    from tools import gpu_check
+
+    steps = [gpu_check.Step(name, [sys.executable, "-c", "pass"]) for name in ("first", "second")]
+    monkeypatch.setattr(gpu_check, "plan", lambda *args: steps)
+    real_run_step = gpu_check.run_step
+
+    def cut_before_the_second(step, results):
+        if step.name == "second":
+            raise KeyboardInterrupt
+        return real_run_step(step, results)
+
+    monkeypatch.setattr(gpu_check, "run_step", cut_before_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--gpus", "0", "--records", str(tmp_path)])
+    record = only_record(tmp_path, "gpu-check")
+    assert [step["step"] for step in record["steps"]] == ["first"] and record["steps"][0]["returncode"] == 0
+    assert record["finished"] is False and record["passed"] is False
+
+
 BLOCK_EXTRAS = '''
 import sys
 class Blocker:
@@ -363,7 +397,7 @@ def test_make_gpu_check_without_a_gpu_runs_the_cpu_fallback_with_plain_packages(
     assert_ok(done)
     assert "the GPU path is NOT checked" in done.stdout and "GPU path NOT checked" in done.stdout
     record = only_record(tmp_path / "records", "gpu-check")
-    assert record["passed"] and record["gpus"] == 0
+    assert record["passed"] and record["finished"] and record["gpus"] == 0
     names = [step["step"] for step in record["steps"]]
     assert len(names) == 7 and names[0].startswith("1 one process") and names[-1].startswith("4 the checkpoint")
     ddp = next(step for step in record["steps"] if step["step"].startswith("4 DDP"))

@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -175,13 +176,30 @@ def print_outcome(outcome):
 
 
 def environment():
-    info = {"hardware": common.hardware(), "tf32": None}
+    info = {"hardware": common.hardware(), "tf32": None, "torch_pinned": pinned_torch()}
     from machinery import mfu
 
     info["tf32"] = mfu.tf32_settings()
     info["peaks"] = {name: {p: mfu.gpu_peak_tflops(name, p) for p in ("fp32", "tf32", "bf16")}
                      for name in info["hardware"]["gpus"]}
     return info
+
+
+def pinned_torch():
+    """The torch release requirements.txt pins (torch==X), or None."""
+    pin = re.search(r"^torch==(\S+)", (REPO / "requirements.txt").read_text(), re.M)
+    return pin[1] if pin else None
+
+
+def version_note(installed, pinned):
+    """One line when this Python's torch is not the release the course pins, else None: the course uses that
+    release's API (DDP's forward_sync_buffers, for one, is not in torch 2.11), so an older torch can fail a step
+    that the course's own torch passes."""
+    if pinned is None or installed.split("+")[0] == pinned:
+        return None
+    return (f"note: this Python has torch {installed}, the course pins {pinned} (requirements.txt): a step that "
+            f"uses what {installed} lacks fails here; check with torch {pinned} (a CUDA build that suits this node: "
+            f"README, \"Which CUDA build\") before reading a failure as the GPU's")
 
 
 def load_checkpoint(path, device):
@@ -218,6 +236,8 @@ def main(argv=None):
     if not gpus:
         print("no CUDA GPU visible: running the same steps on the CPU (2 processes, 3 steps per epoch) to check "
               "the command itself; the GPU path is NOT checked by this run", flush=True)
+    if note := version_note(torch.__version__, pinned_torch()):
+        print(note, flush=True)
     with tempfile.TemporaryDirectory() as results:
         steps = plan(gpus, results, quick, args.records)
         if args.dry_run:
@@ -225,18 +245,20 @@ def main(argv=None):
                 env = " ".join(f"{k}={v}" for k, v in step.env.items())
                 print(f"{step.name}\n    {env + ' ' if env else ''}{shown(step.command, results)}")
             return None
-        outcomes = []
-        for step in steps:
-            outcomes.append(run_step(step, results))
-            print_outcome(outcomes[-1])
-    record = {"benchmark": "gpu_check", "gpus": gpus, **environment(), "steps": outcomes,
-              "passed": all(passed(o) for o in outcomes)}
-    common.write_record(args.records, "gpu-check", record)
-    failed = [o["step"] for o in outcomes if not passed(o)]
+        record = {"benchmark": "gpu_check", "gpus": gpus, **environment(), "steps": [], "finished": False,
+                  "passed": False}
+        path = common.record_path(args.records, "gpu-check")
+        for step in steps:  # the record is rewritten after each step: a run cut short keeps the steps it made
+            record["steps"].append(run_step(step, results))
+            print_outcome(record["steps"][-1])
+            common.write_record(args.records, "gpu-check", record, path, say=False)
+    record.update(finished=True, passed=all(passed(o) for o in record["steps"]))
+    common.write_record(args.records, "gpu-check", record, path)
+    failed = [o["step"] for o in record["steps"] if not passed(o)]
     if failed:
         raise SystemExit(f"error: {len(failed)} step(s) failed: {'; '.join(failed)}")
     where = f"{gpus} GPU(s)" if gpus else "the CPU (no GPU: GPU path NOT checked)"
-    print(f"all {len(outcomes)} steps passed on {where}")
+    print(f"all {len(record['steps'])} steps passed on {where}")
 
 
 if __name__ == "__main__":
