@@ -78,10 +78,14 @@ def record_path(records_dir, kind):
 
 
 def write_record(records_dir, kind, record, path=None, say=True):
-    """Write ``record`` (to ``path``, else to a new ``record_path``) and, with ``say``, say where."""
+    """Write ``record`` to a new ``record_path`` and, with ``say``, say where. A ``path`` rewrites that record in
+    place (gpu_check does after each step), whole or not at all: a process killed while writing leaves the
+    record before."""
     path = Path(path or record_path(records_dir, kind))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    unfinished = path.with_name(path.name + ".writing")
+    unfinished.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(unfinished, path)
     if say:
         print(f"record written to {display_path(path)}", flush=True)
     return path

@@ -176,7 +176,7 @@ def print_outcome(outcome):
 
 
 def environment():
-    info = {"hardware": common.hardware(), "tf32": None, "torch_pinned": pinned_torch()}
+    info = {"hardware": common.hardware(), "tf32": None}
     from machinery import mfu
 
     info["tf32"] = mfu.tf32_settings()
@@ -192,9 +192,9 @@ def pinned_torch():
 
 
 def version_note(installed, pinned):
-    """One line when this Python's torch is not the release the course pins, else None: the course uses that
-    release's API (DDP's forward_sync_buffers, for one, is not in torch 2.11), so an older torch can fail a step
-    that the course's own torch passes."""
+    """One line when this Python's torch is another release than the course pins, else None: the course uses
+    that release's API (notebook 04 uses DDP's forward_sync_buffers, which replaced broadcast_buffers in torch
+    2.13), so another torch can fail a step that the pinned one passes."""
     if pinned is None or installed.split("+")[0] == pinned:
         return None
     return (f"note: this Python has torch {installed}, the course pins {pinned} (requirements.txt): a step that "
@@ -245,18 +245,23 @@ def main(argv=None):
                 env = " ".join(f"{k}={v}" for k, v in step.env.items())
                 print(f"{step.name}\n    {env + ' ' if env else ''}{shown(step.command, results)}")
             return None
-        record = {"benchmark": "gpu_check", "gpus": gpus, **environment(), "steps": [], "finished": False,
-                  "passed": False}
+        # Rewritten after each step, so that a run cut short keeps the steps it made; "passed" is judged at the end.
+        record = {"benchmark": "gpu_check", "gpus": gpus, "torch_pinned": pinned_torch(), "steps": [],
+                  "finished": False, "passed": None}
         path = common.record_path(args.records, "gpu-check")
-        for step in steps:  # the record is rewritten after each step: a run cut short keeps the steps it made
+        print(f"record: {common.display_path(path)}, rewritten after each step", flush=True)
+        for step in steps:
             record["steps"].append(run_step(step, results))
             print_outcome(record["steps"][-1])
             common.write_record(args.records, "gpu-check", record, path, say=False)
-    record.update(finished=True, passed=all(passed(o) for o in record["steps"]))
+    # The hardware last, as before: asking for the GPUs' names initialises CUDA in this process, which it does
+    # only once every step's processes are done.
+    record.update(environment(), finished=True, passed=all(passed(o) for o in record["steps"]))
     common.write_record(args.records, "gpu-check", record, path)
     failed = [o["step"] for o in record["steps"] if not passed(o)]
     if failed:
-        raise SystemExit(f"error: {len(failed)} step(s) failed: {'; '.join(failed)}")
+        note = version_note(torch.__version__, pinned_torch())
+        raise SystemExit(f"error: {len(failed)} step(s) failed: {'; '.join(failed)}" + (f" ({note})" if note else ""))
     where = f"{gpus} GPU(s)" if gpus else "the CPU (no GPU: GPU path NOT checked)"
     print(f"all {len(record['steps'])} steps passed on {where}")
 
