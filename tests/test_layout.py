@@ -2,8 +2,9 @@
 and no import that runs from the library up to an entry script."""
 import ast
 import re
+import subprocess
 
-from helpers import REPO, SCRIPTS
+from helpers import PYTHON, REPO, SCRIPTS, assert_ok, script_env
 
 STEPS = ["step1_baseline.py", "step2_allreduce.py", "step3_data_parallel.py", "step4_ddp.py"]
 LIBRARY = ["lesson", "machinery", "notebook_support"]
@@ -87,6 +88,20 @@ def test_no_library_module_imports_an_entry_script():
             for imported in imported_files(path):
                 top = imported.relative_to(SCRIPTS).parts[0]
                 assert top in LIBRARY, f"{path.relative_to(REPO)} imports {imported.relative_to(REPO)}"
+
+
+def test_no_script_imports_torchvision_before_it_reads_a_data_set():
+    """torchvision, and the thousand modules it imports (torch._dynamo among them), come in where a data set is read
+    or a ResNet-18 built (machinery/datasets.py, more_models.py): the doctor and the demos, which read none, start
+    without them. Every step, demo and tool imported in one process: none of them has imported either."""
+    entries = [path.stem for path in sorted(SCRIPTS.glob("step*.py"))] + [
+        f"{folder}.{path.stem}" for folder in ("demos", "tools") for path in sorted((SCRIPTS / folder).glob("[!_]*.py"))]
+    code = "import sys\n" + "".join(f"import {name}\n" for name in entries) + (
+        "print(*(name for name in ('torchvision', 'torch._dynamo') if name in sys.modules))")
+    done = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=script_env(PYTHONPATH=SCRIPTS), capture_output=True,
+                          text=True, timeout=300)
+    assert_ok(done)
+    assert done.stdout.strip() == "", f"imported: {done.stdout.strip()}"
 
 
 def test_nothing_is_called_by_a_name_built_at_run_time():

@@ -158,7 +158,7 @@ def parse_args(argv=None, description=None, add_arguments=None):
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    from .datasets import LOADER_ONLY  # imported here: --help needs no torchvision
+    from .datasets import LOADER_ONLY  # imported here: --help needs no torch
 
     if args.loader == "auto":
         args.loader = "dataloader" if args.dataset in LOADER_ONLY else "tensor"

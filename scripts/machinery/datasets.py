@@ -30,9 +30,12 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Sampler, Subset
-from torchvision import datasets, transforms
 
 from .errors import CourseError, first_line
+
+# torchvision is imported by the functions that read or convert a data set, not with this module: a script that
+# reads none (the doctor, the demos) starts without torchvision and the thousand modules it imports, torch._dynamo
+# among them. (A process that trains pays for them anyway: its optimizer imports torch._dynamo.)
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 # CIFAR-10's per-channel mean and standard deviation over its 50,000 training images
@@ -40,11 +43,11 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR10_PADDING = 4  # random crops of 32x32 out of the image padded by 4 black pixels on each side
 
-# name -> (where under --data-dir, torchvision class, the download_data.py argument)
+# name -> (where under --data-dir, torchvision class in torchvision.datasets, the download_data.py argument)
 DATASETS = {
-    "mnist5k": ("mnist5k", datasets.MNIST, None),
-    "mnist": (".", datasets.MNIST, "mnist"),
-    "cifar10": (".", datasets.CIFAR10, "cifar10"),
+    "mnist5k": ("mnist5k", "MNIST", None),
+    "mnist": (".", "MNIST", "mnist"),
+    "cifar10": (".", "CIFAR10", "cifar10"),
 }
 SYNTHETIC = "synthetic-cifar10"
 IMAGE_FOLDER = "imagefolder"
@@ -58,12 +61,16 @@ HYMENOPTERA_FOLDER = "hymenoptera_data"  # where download_data.py puts the tutor
 
 
 def mnist_transform():
+    from torchvision import transforms
+
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
 
 
 def cifar10_transforms():
     """(train, test): the usual augmentation for training (random crop of the padded image,
     horizontal flip); the test images only converted and normalised."""
+    from torchvision import transforms
+
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
     train = transforms.Compose([transforms.RandomCrop(32, padding=CIFAR10_PADDING), transforms.RandomHorizontalFlip(),
                                 transforms.ToTensor(), normalize])
@@ -74,6 +81,7 @@ def imagenet_transforms():
     """(train, val) as ImageNet models are trained and evaluated, with the statistics and
     sizes of torchvision's ResNet-18 weights: a random crop of random size and shape,
     resized to 224, and a flip; for validation, resize to 256 and the central 224."""
+    from torchvision import transforms
     from torchvision.models import ResNet18_Weights
 
     evaluation = ResNet18_Weights.IMAGENET1K_V1.transforms()  # resize 256, centre crop 224, normalise
@@ -83,14 +91,19 @@ def imagenet_transforms():
 
 
 def read_datasets(name, data_dir):
+    from torchvision import datasets
+
     if name not in NAMES:
         raise CourseError(f"unknown --dataset {name!r}; choose one of: {', '.join(NAMES)}")
     if name == SYNTHETIC:
         train_transform, test_transform = cifar10_transforms()
+        from .synthetic_cifar10 import SyntheticCIFAR10
+
         return SyntheticCIFAR10(True, train_transform), SyntheticCIFAR10(False, test_transform)
     if name == IMAGE_FOLDER:
         return read_image_folder(Path(data_dir))
-    subdir, dataset_class, download_name = DATASETS[name]
+    subdir, class_name, download_name = DATASETS[name]
+    dataset_class = getattr(datasets, class_name)
     root = Path(data_dir) / subdir
     fix = ("restore it with: git checkout -- data/" if download_name is None else
            f"fetch it on a machine with internet: python scripts/tools/download_data.py {download_name} --data-dir {data_dir}")
@@ -118,36 +131,16 @@ def read_datasets(name, data_dir):
 
 def cifar10_files():
     """The files torchvision's CIFAR10 reads (and checks the md5 sum of) in cifar-10-batches-py/."""
+    from torchvision import datasets
+
     return [name for name, _ in datasets.CIFAR10.train_list + datasets.CIFAR10.test_list] + [
         datasets.CIFAR10.meta["filename"]]
 
 
-class SyntheticCIFAR10(datasets.CIFAR10):
-    """Made-up images of CIFAR-10's shape and type (10,000 for training, 1,000 for testing: quick
-    to make, and enough for a steady throughput), held and served exactly as torchvision's CIFAR10
-    holds and serves its own: every code path of the real set runs, nothing is read from disk.
-
-    Each image is its class's fixed random pattern plus as much noise, so a model can learn
-    the classes (its accuracy shows that training works) but the numbers say nothing about
-    CIFAR-10. For measuring speed, and for runs where CIFAR-10 cannot be downloaded.
-    """
-
-    SIZES = {True: 10_000, False: 1_000}
-
-    def __init__(self, train, transform=None):
-        datasets.VisionDataset.__init__(self, root=None, transform=transform)
-        self.train, self.classes = train, [f"class {i}" for i in range(10)]
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        patterns = torch.randint(0, 128, (10, 32, 32, 3), generator=torch.Generator().manual_seed(10), dtype=torch.uint8)
-        generator = torch.Generator().manual_seed(11 if train else 12)  # the two splits differ
-        labels = torch.randint(0, 10, (self.SIZES[train],), generator=generator)
-        noise = torch.randint(0, 128, (len(labels), 32, 32, 3), generator=generator, dtype=torch.uint8)
-        self.data = (patterns[labels] + noise).numpy()  # (N, 32, 32, 3) bytes, as CIFAR10 holds its images
-        self.targets = labels.tolist()
-
-
 def read_image_folder(root):
     """An ImageFolder's train/ and val/ splits, with ImageNet-style transforms."""
+    from torchvision import datasets
+
     fix = ("give --data-dir a folder with train/ and val/, each with one subfolder of images per class (the transfer-"
            "learning tutorial's ants and bees: python scripts/tools/download_data.py hymenoptera, then "
            f"--data-dir data/{HYMENOPTERA_FOLDER})")
@@ -169,7 +162,9 @@ def read_image_folder(root):
 def num_classes(name, data_dir):
     """How many classes the data set ``name`` has (an ImageFolder: its class folders)."""
     if name == IMAGE_FOLDER:
-        return len(datasets.folder.find_classes(Path(data_dir) / "train")[0])
+        from torchvision.datasets.folder import find_classes
+
+        return len(find_classes(Path(data_dir) / "train")[0])
     return 10
 
 
@@ -188,10 +183,14 @@ def as_tensors(dataset):
 
 def has_whole_arrays(dataset):
     """MNIST and CIFAR-10 hold every image in one array: ``whole_set_as_tensors`` converts them at once."""
+    from torchvision import datasets
+
     return isinstance(dataset, (datasets.MNIST, datasets.CIFAR10))
 
 
 def whole_set_as_tensors(dataset):
+    from torchvision import datasets
+
     if isinstance(dataset, datasets.MNIST):
         images = dataset.data.unsqueeze(1).float().div(255)  # what ToTensor does, for all at once
         images = images.sub(MNIST_MEAN).div(MNIST_STD)  # what Normalize does

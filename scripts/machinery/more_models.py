@@ -18,7 +18,6 @@ its communication.
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torchvision.models import resnet18 as torchvision_resnet18
 
 from . import datasets, sync_batchnorm
 from .errors import CourseError
@@ -53,12 +52,14 @@ class NetBN(nn.Module):
 
 def resnet18(dropout=True, num_classes=10):
     """torchvision's ResNet-18 with ``num_classes`` outputs (it has no dropout to turn off)."""
+    from torchvision.models import resnet18 as torchvision_resnet18  # imported when used: datasets.py says why
+
     return torchvision_resnet18(num_classes=num_classes)
 
 
 def resnet18_cifar(dropout=True, num_classes=10):
     """ResNet-18 with the CIFAR stem: a 3x3 convolution, stride 1, and no max-pool."""
-    model = torchvision_resnet18(num_classes=num_classes)
+    model = resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision inits its convs
     model.maxpool = nn.Identity()
