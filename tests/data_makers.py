@@ -16,8 +16,12 @@
   files) from the bundled MNIST digits: two classes, zeros and ones.
 - ``write_resnet18_weights``: the state_dict of a ResNet-18 built here, with ImageNet's
   1,000-class head, as a stand-in for torchvision's pretrained file.
+- ``write_mnist5k_with_a_short_test_split``: the bundled MNIST subset with its training split
+  whole and its test split cut to its first images, in the same IDX files.
 """
 import pickle
+import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -101,6 +105,21 @@ def write_resnet18_weights(path, seed=1):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)
     return state
+
+
+def write_mnist5k_with_a_short_test_split(root, test_images):
+    """mnist5k/MNIST/raw/ under ``root``: the bundled training files as they are and the first
+    ``test_images`` of the bundled test split (IDX files: a big-endian header whose second number
+    is the count, then one record per item); returns ``root`` (the --data-dir to pass)."""
+    bundled, raw = REPO / "data" / "mnist5k" / "MNIST" / "raw", Path(root) / "mnist5k" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        shutil.copyfile(bundled / name, raw / name)
+    for name, header, record in (("t10k-images-idx3-ubyte", 16, 28 * 28), ("t10k-labels-idx1-ubyte", 8, 1)):
+        whole = (bundled / name).read_bytes()
+        (raw / name).write_bytes(whole[:4] + struct.pack(">I", test_images) + whole[8:header] +
+                                 whole[header:header + test_images * record])
+    return Path(root)
 
 
 if __name__ == "__main__":  # python tests/data_makers.py FOLDER: the ImageFolder and weights, for a job to use

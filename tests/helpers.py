@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 PYTHON = sys.executable
 
+# The bundled MNIST subset with its test split cut to its first 100 images, for the runs whose claims are about
+# training (weights, steps, stops, restarts), not about scoring: evaluating 1,000 test images at each epoch's end
+# costs those short runs more than their steps. tests/conftest.py writes it, once in each test process (an xdist
+# worker each), under the session's output folder (conftest.py at the top sets COURSE_OUTPUT_DIR).
+SHORT_TEST_IMAGES = 100
+SHORT_TEST_SPLIT_DIR = Path(os.environ["COURSE_OUTPUT_DIR"]) / (
+    f"mnist5k-short-test-split-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+SHORT_TEST_SPLIT = ("--data-dir", SHORT_TEST_SPLIT_DIR)
+
 
 def script_env(restarts=False, **extra):
     """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only.

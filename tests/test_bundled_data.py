@@ -7,6 +7,8 @@ import pytest
 import torch
 import torchvision
 
+from helpers import SHORT_TEST_IMAGES, SHORT_TEST_SPLIT_DIR
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 ROOT = DATA_DIR / "mnist5k"
 RAW_DIR = ROOT / "MNIST" / "raw"
@@ -54,3 +56,14 @@ def test_no_test_image_is_also_in_train(splits):
     train_images = {image.numpy().tobytes() for image in splits[True].data}
     leaked = [i for i, image in enumerate(splits[False].data) if image.numpy().tobytes() in train_images]
     assert leaked == [], f"test images also in train: {leaked[:10]}"
+
+
+def test_the_short_test_split_is_the_bundled_one_cut_short(splits):
+    """helpers.SHORT_TEST_SPLIT, the data of the tests' drill runs: the same training images, and the first test
+    images, as torchvision reads them."""
+    short = {train: torchvision.datasets.MNIST(SHORT_TEST_SPLIT_DIR / "mnist5k", train=train, download=False)
+             for train in (True, False)}
+    assert torch.equal(short[True].data, splits[True].data) and torch.equal(short[True].targets, splits[True].targets)
+    assert len(short[False]) == SHORT_TEST_IMAGES < len(splits[False])
+    assert torch.equal(short[False].data, splits[False].data[:SHORT_TEST_IMAGES])
+    assert torch.equal(short[False].targets, splits[False].targets[:SHORT_TEST_IMAGES])

@@ -5,7 +5,8 @@ too, not only the weights and the optimizer.
 
 The runs: 2 epochs of 6 steps (batch 32), a checkpoint every 4 steps and at each epoch
 end, so checkpoints land at steps 4, 6 (end of epoch 1), 8 and 12 (end of epoch 2).
-The single-process reference keeps the newest 2 of them (--keep-checkpoints 2).
+The single-process reference keeps the newest 2 of them (--keep-checkpoints 2). Each epoch ends scoring the
+short test split (tests/helpers.py): the claims are about the weights.
 """
 import os
 import signal
@@ -14,14 +15,14 @@ import subprocess
 import pytest
 import torch
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, assert_ok, read_json, run_python, run_torchrun, script_env,
-                      torchrun_command)
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SHORT_TEST_SPLIT, assert_ok, read_json, run_python,
+                      run_torchrun, script_env, torchrun_command)
 from lesson import models
 from machinery import checkpoints
 
 pytestmark = pytest.mark.slow  # every test here compares runs that are killed, stopped or resumed
 
-RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4)
+RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4, *SHORT_TEST_SPLIT)
 
 
 @pytest.fixture(scope="module")
