@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, script_env, torchrun_command
 from data_makers import write_image_folder, write_resnet18_weights
 
@@ -34,18 +35,20 @@ CASES = {
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     """`make run`'s script, as the Makefile starts it, with short epochs: (the finished process, the folder of
-    its records). Every step's output and record come from this one run."""
+    its records, the count of gloo threads each rank still had as it exited: tests/gloo_exit_hook.py). Every
+    step's output and record come from this one run."""
     folder = tmp_path_factory.mktemp("course")
+    env, exits = exit_env(tmp_path_factory.mktemp("course-exits"))
     done = run_python("tools/run_course.py", "--epochs", EPOCHS, "--results-dir", folder, "--", *EACH_EPOCH,
-                      timeout=600)
+                      timeout=600, env=env)
     assert_ok(done)
-    return done, folder
+    return done, folder, exits
 
 
 @pytest.fixture(scope="module")
 def case_run(course):
     """``case_run(case)`` is (what that step printed, stdout and stderr, its JSON record)."""
-    done, folder = course
+    done, folder, _ = course
     printed = {section.partition(" ===")[0]: section for section in done.stdout.split("\n=== step ")[1:]}
 
     def run(case):
@@ -78,7 +81,7 @@ def test_script_runs_and_writes_its_record(case, case_run):
 
 def test_run_course_prints_a_row_per_step(course):
     """`make run`: the whole course path runs and ends with one comparison table."""
-    done, folder = course
+    done, folder, _ = course
     table = done.stdout.split("\nstep ")[-1].splitlines()
     rows = table[2:]  # after the header and its rule
     assert [row[:28].strip() for row in rows] == ["1 one process", "2 all_reduce per-parameter", "2 all_reduce bucket",
@@ -99,6 +102,15 @@ def test_allreduce_and_ddp_train_identically(case_run):
     for a, d in zip(allreduce["per_epoch"], ddp["per_epoch"]):
         assert a["train_loss"] == pytest.approx(d["train_loss"], abs=1e-5)
         assert a["test_accuracy"] == pytest.approx(d["test_accuracy"], abs=2e-3)
+
+
+@COUNTS_THREADS_IN_PROC
+def test_every_distributed_step_frees_its_group(course):
+    """Each rank of the three torchrun steps (all_reduce per parameter, in a bucket, and DDP) exits with no gloo
+    thread left: nothing kept its group alive past destroy_process_group (tests/test_teardown.py says why that
+    matters). The steps in one process start no group and report nothing."""
+    *_, exits = course
+    assert gloo_threads_at_exit(exits) == [(0, 0)] * 3 + [(1, 0)] * 3
 
 
 @pytest.mark.slow

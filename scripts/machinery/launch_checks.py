@@ -18,6 +18,12 @@ import time
 
 import torch
 import torch.distributed as dist
+# Imported here, before any process group exists. torch/distributed/nn/functional.py gives its collectives the
+# default argument group=group.WORLD, which Python evaluates when the module is first imported. torch._dynamo
+# imports it, and a course script imports torch._dynamo after init_process_group (DDP's constructor, the optimizer
+# and torchvision each do): imported then, it would hold the default group for the life of the process, and
+# destroy_process_group could no longer join gloo's threads (tests/test_teardown.py says why that matters).
+import torch.distributed.nn  # noqa: F401
 
 from .errors import CourseError, first_line
 
