@@ -24,11 +24,11 @@ import common  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-# Imported before the process group starts, as every course script does: torchvision (through
-# lesson.models) imports torch._inductor, and imported after init_process_group that keeps the gloo
-# group alive past destroy_process_group. Its worker threads then outlive the script and can free a
-# tensor while Python shuts down, which aborts the process (SIGABRT, "terminate called without an
-# active exception").
+# Imported before the process group starts, as every course script does: they import
+# machinery/launch_checks.py, which imports torch.distributed.nn first (imported after init_process_group,
+# it keeps the gloo group alive to the end of the process; launch_checks.py says why). Its worker threads
+# then outlive the script and can free a tensor while Python shuts down, which aborts the process
+# (SIGABRT, "terminate called without an active exception").
 import step2_allreduce  # noqa: E402
 from lesson import models  # noqa: E402
 

@@ -92,7 +92,7 @@ def test_no_library_module_imports_an_entry_script():
 
 def test_no_script_imports_torchvision_before_it_reads_a_data_set():
     """torchvision, and the thousand modules it imports (torch._dynamo among them), come in where a data set is read
-    or a ResNet-18 built (machinery/datasets.py, more_models.py): the doctor and the demos, which read none, start
+    or a ResNet-18 built (machinery/datasets.py, more_models.py): the doctor and the demos that read none start
     without them. Every step, demo and tool imported in one process: none of them has imported either."""
     entries = [path.stem for path in sorted(SCRIPTS.glob("step*.py"))] + [
         f"{folder}.{path.stem}" for folder in ("demos", "tools") for path in sorted((SCRIPTS / folder).glob("[!_]*.py"))]

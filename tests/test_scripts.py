@@ -107,7 +107,7 @@ def test_allreduce_and_ddp_train_identically(case_run):
 @COUNTS_THREADS_IN_PROC
 def test_every_distributed_step_frees_its_group(course):
     """Each rank of the three torchrun steps (all_reduce per parameter, in a bucket, and DDP) exits with no gloo
-    thread left: nothing kept its group alive past destroy_process_group (tests/test_teardown.py says why that
+    thread left: nothing kept its group alive to the end of the process (tests/test_teardown.py says why that
     matters). The steps in one process start no group and report nothing."""
     *_, exits = course
     assert gloo_threads_at_exit(exits) == [(0, 0)] * 3 + [(1, 0)] * 3

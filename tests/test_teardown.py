@@ -1,12 +1,12 @@
 """Scripts free their process group before Python shuts down.
 
 `destroy_process_group()` joins gloo's worker threads when it frees the group. If something keeps the group
-alive (torch.distributed.nn imported after `init_process_group` does: scripts/machinery/launch_checks.py says why,
-and imports it before), the threads run on into the interpreter's
-shutdown, and one of them can free a tensor then and abort the process ("terminate called without an active
-exception", SIGABRT): a rare, load-dependent failure. These tests look for its precondition, which is
-deterministic: gloo threads still alive when the script's ranks exit. A hook run at exit (``atexit``, from a
-``sitecustomize`` on PYTHONPATH, tests/gloo_exit_hook.py) counts them.
+alive (torch.distributed.nn imported after `init_process_group` does, and so does a frame of a script's main left
+in a reference cycle: scripts/machinery/launch_checks.py and cli.run say why, and how the scripts avoid both), the
+threads run on into the interpreter's shutdown, and one of them can free a tensor then and abort the process
+("terminate called without an active exception", SIGABRT): a rare, load-dependent failure. These tests look for
+its precondition, which is deterministic: gloo threads still alive when the script's ranks exit. A hook run at
+exit (``atexit``, from a ``sitecustomize`` on PYTHONPATH, tests/gloo_exit_hook.py) counts them.
 
 The scripts that tests of their own run already (scripts/demos/collectives.py, scripts/demos/ddp_mechanics.py, and
 the steps as `make run` starts them) are checked on those runs, with this hook: tests/test_collectives_demo.py,

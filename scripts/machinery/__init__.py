@@ -14,6 +14,6 @@ cluster needs besides plugs into the loop as callbacks, listed in one place (``j
 - ``reporting``: the line per epoch, the JSON record, MFU (``mfu``) and a progress bar;
 - ``agreement``: checks every rank passes or fails together;
 - ``launch_checks``: torchrun's variables, gloo's interfaces, torchrun's restarts (a store of its own for each);
-- ``datasets`` (``synthetic_cifar10`` among them), ``more_models``, ``sync_batchnorm``, ``precision``, ``finetune``:
-  the data sets, models and options of the later notebooks (06 and 07).
+- ``datasets`` (with ``synthetic_cifar10``), ``more_models``, ``sync_batchnorm``, ``precision``, ``finetune``: the
+  data sets, models and options of the later notebooks (06 and 07).
 """

@@ -1,6 +1,7 @@
 """The command line shared by every training script, and how errors reach the user. Machinery: a learner may skip this module (``--help`` lists every flag).
 """
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -216,6 +217,10 @@ def run(main, argv=None):
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        # main's frame can outlive main in a reference cycle (torch.fx.wrap keeps its caller's frames when torchvision
+        # or torch._dynamo is imported inside main), and with it the model and its process group: free them now, so
+        # that the group's gloo threads end before the interpreter's shutdown (tests/test_teardown.py says why).
+        gc.collect()
 
 
 def write_whole_lines(*streams):

@@ -24,6 +24,7 @@ resume the data order and the samples are exact but the random crops and flips a
 (tests/test_real_models.py shows both).
 """
 import hashlib
+import importlib
 import math
 import pickle
 from pathlib import Path
@@ -33,9 +34,22 @@ from torch.utils.data import DataLoader, Sampler, Subset
 
 from .errors import CourseError, first_line
 
-# torchvision is imported by the functions that read or convert a data set, not with this module: a script that
-# reads none (the doctor, the demos) starts without torchvision and the thousand modules it imports, torch._dynamo
-# among them. (A process that trains pays for them anyway: its optimizer imports torch._dynamo.)
+
+class ImportedOnFirstUse:
+    """Stands for the module ``name``, which is imported when one of its attributes is first read."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getattr__(self, attribute):
+        return getattr(importlib.import_module(self.name), attribute)
+
+
+# torchvision is imported when a data set is read, not with this module: the scripts that read none (the doctor,
+# most demos) start without it and the thousand modules it imports. (A process that trains imports most of them
+# anyway: its optimizer imports torch._dynamo.)
+datasets = ImportedOnFirstUse("torchvision.datasets")
+transforms = ImportedOnFirstUse("torchvision.transforms")
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 # CIFAR-10's per-channel mean and standard deviation over its 50,000 training images
@@ -43,7 +57,7 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR10_PADDING = 4  # random crops of 32x32 out of the image padded by 4 black pixels on each side
 
-# name -> (where under --data-dir, torchvision class in torchvision.datasets, the download_data.py argument)
+# name -> (where under --data-dir, the class's name in torchvision.datasets, the download_data.py argument)
 DATASETS = {
     "mnist5k": ("mnist5k", "MNIST", None),
     "mnist": (".", "MNIST", "mnist"),
@@ -61,16 +75,12 @@ HYMENOPTERA_FOLDER = "hymenoptera_data"  # where download_data.py puts the tutor
 
 
 def mnist_transform():
-    from torchvision import transforms
-
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
 
 
 def cifar10_transforms():
     """(train, test): the usual augmentation for training (random crop of the padded image,
     horizontal flip); the test images only converted and normalised."""
-    from torchvision import transforms
-
     normalize = transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)
     train = transforms.Compose([transforms.RandomCrop(32, padding=CIFAR10_PADDING), transforms.RandomHorizontalFlip(),
                                 transforms.ToTensor(), normalize])
@@ -81,7 +91,6 @@ def imagenet_transforms():
     """(train, val) as ImageNet models are trained and evaluated, with the statistics and
     sizes of torchvision's ResNet-18 weights: a random crop of random size and shape,
     resized to 224, and a flip; for validation, resize to 256 and the central 224."""
-    from torchvision import transforms
     from torchvision.models import ResNet18_Weights
 
     evaluation = ResNet18_Weights.IMAGENET1K_V1.transforms()  # resize 256, centre crop 224, normalise
@@ -91,14 +100,12 @@ def imagenet_transforms():
 
 
 def read_datasets(name, data_dir):
-    from torchvision import datasets
-
     if name not in NAMES:
         raise CourseError(f"unknown --dataset {name!r}; choose one of: {', '.join(NAMES)}")
     if name == SYNTHETIC:
-        train_transform, test_transform = cifar10_transforms()
-        from .synthetic_cifar10 import SyntheticCIFAR10
+        from .synthetic_cifar10 import SyntheticCIFAR10  # a subclass of torchvision's CIFAR10: imported when used
 
+        train_transform, test_transform = cifar10_transforms()
         return SyntheticCIFAR10(True, train_transform), SyntheticCIFAR10(False, test_transform)
     if name == IMAGE_FOLDER:
         return read_image_folder(Path(data_dir))
@@ -131,16 +138,12 @@ def read_datasets(name, data_dir):
 
 def cifar10_files():
     """The files torchvision's CIFAR10 reads (and checks the md5 sum of) in cifar-10-batches-py/."""
-    from torchvision import datasets
-
     return [name for name, _ in datasets.CIFAR10.train_list + datasets.CIFAR10.test_list] + [
         datasets.CIFAR10.meta["filename"]]
 
 
 def read_image_folder(root):
     """An ImageFolder's train/ and val/ splits, with ImageNet-style transforms."""
-    from torchvision import datasets
-
     fix = ("give --data-dir a folder with train/ and val/, each with one subfolder of images per class (the transfer-"
            "learning tutorial's ants and bees: python scripts/tools/download_data.py hymenoptera, then "
            f"--data-dir data/{HYMENOPTERA_FOLDER})")
@@ -162,9 +165,7 @@ def read_image_folder(root):
 def num_classes(name, data_dir):
     """How many classes the data set ``name`` has (an ImageFolder: its class folders)."""
     if name == IMAGE_FOLDER:
-        from torchvision.datasets.folder import find_classes
-
-        return len(find_classes(Path(data_dir) / "train")[0])
+        return len(datasets.folder.find_classes(Path(data_dir) / "train")[0])
     return 10
 
 
@@ -183,14 +184,10 @@ def as_tensors(dataset):
 
 def has_whole_arrays(dataset):
     """MNIST and CIFAR-10 hold every image in one array: ``whole_set_as_tensors`` converts them at once."""
-    from torchvision import datasets
-
     return isinstance(dataset, (datasets.MNIST, datasets.CIFAR10))
 
 
 def whole_set_as_tensors(dataset):
-    from torchvision import datasets
-
     if isinstance(dataset, datasets.MNIST):
         images = dataset.data.unsqueeze(1).float().div(255)  # what ToTensor does, for all at once
         images = images.sub(MNIST_MEAN).div(MNIST_STD)  # what Normalize does

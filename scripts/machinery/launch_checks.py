@@ -18,14 +18,18 @@ import time
 
 import torch
 import torch.distributed as dist
-# Imported here, before any process group exists. torch/distributed/nn/functional.py gives its collectives the
-# default argument group=group.WORLD, which Python evaluates when the module is first imported. torch._dynamo
-# imports it, and a course script imports torch._dynamo after init_process_group (DDP's constructor, the optimizer
-# and torchvision each do): imported then, it would hold the default group for the life of the process, and
-# destroy_process_group could no longer join gloo's threads (tests/test_teardown.py says why that matters).
-import torch.distributed.nn  # noqa: F401
 
 from .errors import CourseError, first_line
+
+# Imported here, before any process group exists. torch/distributed/nn/functional.py gives its collectives the
+# default argument group=group.WORLD, which Python evaluates when the module is first imported; torch._dynamo
+# imports it, and a course script imports torch._dynamo after init_process_group (DDP's constructor, the optimizer
+# and torchvision each do). Imported then, it would hold the default group to the end of the process, and gloo's
+# threads would run into the interpreter's shutdown (tests/test_teardown.py says why that matters). Imported
+# first, its defaults are None. (torch.distributed.optim's ZeroRedundancyOptimizer module does the same at import:
+# demos/beyond_ddp.py imports it before its group starts.)
+if dist.is_available():
+    import torch.distributed.nn  # noqa: F401
 
 # What torchrun sets for every worker it starts.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
