@@ -1,7 +1,6 @@
 """The command line shared by every training script, and how errors reach the user. Machinery: a learner may skip this module (``--help`` lists every flag).
 """
 import argparse
-import gc
 import os
 import sys
 from pathlib import Path
@@ -220,6 +219,8 @@ def run(main, argv=None):
         # main's frame can outlive main in a reference cycle (torch.fx.wrap keeps its caller's frames when torchvision
         # or torch._dynamo is imported inside main), and with it the model and its process group: free them now, so
         # that the group's gloo threads end before the interpreter's shutdown (tests/test_teardown.py says why).
+        import gc  # here, below main: notebook 09's stored stacks show main's line in this file
+
         gc.collect()
 
 
