@@ -3,7 +3,8 @@ that it left the checkout as it found it. The tests' fixtures are in tests/conft
 
 Every script a test starts and every notebook kernel nbval starts inherits this process's environment, so
 setting COURSE_OUTPUT_DIR here sends their default results/ and checkpoints/ (and the notebooks' figures)
-into a temporary folder of this session, never into the checkout.
+into a temporary folder of this session, never into the checkout; setting TMPDIR sends their temporary files
+into another, never into the machine's /tmp.
 """
 import os
 import sys
@@ -41,8 +42,18 @@ def is_worker(config):
 def pytest_configure(config):
     sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # nor in the scripts and kernels the tests start
+    # A process with more than one CPU thread (a one-process run, a notebook kernel, this one) has OpenMP threads
+    # that spin a while when they run out of work, before they sleep (libgomp's default; torch's wheels use libgomp).
+    # Alone on its cores that costs nothing; with three test files at once on 2 cores it burns the CPU another test
+    # needs: a 60-step run of step1_baseline.py with 2 threads used twice the CPU time of the same run with 1, beside
+    # a busy test session. PASSIVE threads sleep at once; the thread counts, and so the results, stay the same.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if OUTPUT_DIR_VARIABLE not in os.environ or not is_worker(config):
         os.environ[OUTPUT_DIR_VARIABLE] = str(config._tmp_path_factory.mktemp("course-output", numbered=False))
+        # The temporary files of everything the tests start go there too: torchrun leaves a torchelastic_* log
+        # folder per launch (torch.distributed.elastic's DefaultLogsSpecs, tempfile.mkdtemp), Jupyter and the
+        # browser their own.
+        os.environ["TMPDIR"] = str(config._tmp_path_factory.mktemp("tmp", numbered=False))
     if not is_worker(config):
         config.stash[CHECKOUT_BEFORE] = checkout_files()
 

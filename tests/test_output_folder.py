@@ -41,6 +41,16 @@ def test_this_session_writes_into_a_temporary_folder_and_the_notebooks_too(tmp_p
     assert runner.OUTPUT == output.resolve() and runner.FIGURES == runner.OUTPUT / "results" / "figs"
 
 
+def test_what_the_tests_start_keeps_its_temporary_files_in_the_session_folder(tmp_path_factory):
+    """torchrun, for one, leaves a torchelastic_* folder in the temporary directory at every launch."""
+    session = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session = session.parent
+    done = subprocess.run([PYTHON, "-c", "import tempfile; print(tempfile.gettempdir())"], env=script_env(),
+                          capture_output=True, text=True, check=True)
+    assert Path(done.stdout.strip()).is_relative_to(session), done.stdout
+
+
 def test_a_run_without_output_flags_writes_under_course_output_dir(tmp_path):
     done = run_python("step1_baseline.py", "--epochs", 1, "--max-steps", 1, "--run-name", "plain",
                       env=script_env(COURSE_OUTPUT_DIR=tmp_path))
