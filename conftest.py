@@ -43,10 +43,11 @@ def pytest_configure(config):
     sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # nor in the scripts and kernels the tests start
     # A process with more than one CPU thread (a one-process run, a notebook kernel, this one) has OpenMP threads
-    # that spin a while when they run out of work, before they sleep (libgomp's default; torch's wheels use libgomp).
-    # Alone on its cores that costs nothing; with three test files at once on 2 cores it burns the CPU another test
-    # needs: a 60-step run of step1_baseline.py with 2 threads used twice the CPU time of the same run with 1, beside
-    # a busy test session. PASSIVE threads sleep at once; the thread counts, and so the results, stay the same.
+    # that spin when they run out of work, 300,000 turns before they sleep (the libgomp manual, GOMP_SPINCOUNT;
+    # torch's wheels use libgomp). Alone on its cores that costs little; with three test files at once on 2 cores
+    # it burns the CPU another test needs (a 60-step run of step1_baseline.py with 2 threads took about twice the
+    # CPU time of the same run with 1, beside a busy test session). PASSIVE threads sleep at once; the thread
+    # counts, and so the results, stay the same.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if OUTPUT_DIR_VARIABLE not in os.environ or not is_worker(config):
         os.environ[OUTPUT_DIR_VARIABLE] = str(config._tmp_path_factory.mktemp("course-output", numbered=False))
