@@ -51,9 +51,9 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if OUTPUT_DIR_VARIABLE not in os.environ or not is_worker(config):
         os.environ[OUTPUT_DIR_VARIABLE] = str(config._tmp_path_factory.mktemp("course-output", numbered=False))
-        # The temporary files of everything the tests start go there too: torchrun leaves a torchelastic_* log
-        # folder per launch (torch.distributed.elastic's DefaultLogsSpecs, tempfile.mkdtemp), Jupyter and the
-        # browser their own.
+        # Their temporary files go to a folder of this session as well, not to the machine's /tmp: torchrun leaves
+        # a torchelastic_* log folder there at every launch (torch.distributed.elastic's DefaultLogsSpecs,
+        # tempfile.mkdtemp), and Jupyter and the browser leave folders of their own.
         os.environ["TMPDIR"] = str(config._tmp_path_factory.mktemp("tmp", numbered=False))
     if not is_worker(config):
         config.stash[CHECKOUT_BEFORE] = checkout_files()
