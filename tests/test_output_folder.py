@@ -32,23 +32,24 @@ def test_paths_are_shown_relative_to_the_output_folder_else_to_the_course(tmp_pa
     assert output_paths.display_path(tmp_path / "elsewhere.pt") == str(tmp_path / "elsewhere.pt")
 
 
+def session_folder(tmp_path_factory):
+    """The session's temporary folder, where conftest.py made its folders: a worker's own lies inside it."""
+    folder = tmp_path_factory.getbasetemp()
+    return folder.parent if os.environ.get("PYTEST_XDIST_WORKER") else folder
+
+
 def test_this_session_writes_into_a_temporary_folder_and_the_notebooks_too(tmp_path_factory):
     output = Path(os.environ["COURSE_OUTPUT_DIR"])
-    session = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder lies in the session's, where conftest.py made it
-        session = session.parent
+    session = session_folder(tmp_path_factory)
     assert output.is_relative_to(session) and not output.is_relative_to(REPO)
     assert runner.OUTPUT == output.resolve() and runner.FIGURES == runner.OUTPUT / "results" / "figs"
 
 
 def test_what_the_tests_start_keeps_its_temporary_files_in_the_session_folder(tmp_path_factory):
     """torchrun, for one, leaves a torchelastic_* folder in the temporary directory at every launch."""
-    session = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        session = session.parent
     done = subprocess.run([PYTHON, "-c", "import tempfile; print(tempfile.gettempdir())"], env=script_env(),
                           capture_output=True, text=True, check=True)
-    assert Path(done.stdout.strip()).is_relative_to(session), done.stdout
+    assert Path(done.stdout.strip()).is_relative_to(session_folder(tmp_path_factory)), done.stdout
 
 
 def test_a_run_without_output_flags_writes_under_course_output_dir(tmp_path):
