@@ -14,10 +14,17 @@ COUNTS_THREADS_IN_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir()
 EXIT_HOOK = """
 import atexit, json, os
 
+def _thread_name(task):
+    try:
+        with open(f"/proc/self/task/{task}/comm") as comm:
+            return comm.read().strip()
+    except OSError:  # the thread ended between the listing and this read: it is not left at exit
+        return ""
+
 def _gloo_threads_at_exit():
     if "RANK" not in os.environ or not os.path.isdir("/proc/self/task"):
         return
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    names = [_thread_name(task) for task in os.listdir("/proc/self/task")]
     with open(os.environ["EXIT_REPORT"], "a") as report:
         report.write(json.dumps({"rank": int(os.environ["RANK"]),
                                  "gloo_threads": sum(n.startswith(("pt_gloo", "gloo")) for n in names)}) + "\\n")
