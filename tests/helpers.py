@@ -24,6 +24,12 @@ SHORT_TEST_SPLIT_DIR = Path(os.environ["COURSE_OUTPUT_DIR"]) / (
 SHORT_TEST_SPLIT = ("--data-dir", SHORT_TEST_SPLIT_DIR)
 
 
+# The runs that test_checkpoints.py and test_graceful_stop.py kill, stop and resume: 2 epochs of 6 steps, 32 images
+# per rank and step, a checkpoint every 4 steps and at each epoch's end, so checkpoints land at steps 4, 6 (end of
+# epoch 1), 8 and 12. The claims are about the weights: each epoch ends scoring the short test split.
+RESUMABLE_RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4, *SHORT_TEST_SPLIT)
+
+
 def script_env(restarts=False, **extra):
     """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 from helpers import REPO, assert_ok, script_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -419,14 +420,31 @@ def test_gpu_check_with_a_python_that_lacks_the_packages_says_what_to_install():
     assert "make gpu-check PY=" in done.stderr
 
 
-@pytest.mark.slow
-def test_allreduce_benchmark_with_nproc_and_device_cpu(tmp_path):
-    assert allreduce_bandwidth.without_nproc(["--nproc", "2", "--max-bytes", "4K", "--nproc=3"]) == ["--max-bytes", "4K"]
+@pytest.fixture(scope="module")
+def allreduce_with_nproc(tmp_path_factory):
+    """The all_reduce benchmark started as a user starts it, with --nproc 2 (it starts torchrun itself): its
+    record, and the count of gloo threads each rank still had as it exited (tests/gloo_exit_hook.py)."""
+    folder = tmp_path_factory.mktemp("allreduce-nproc")
+    env, exits = exit_env(folder)
     done = run_benchmark("allreduce_bandwidth.py", "--nproc", 2, "--device", "cpu", "--max-bytes", "4K",
-                         "--budget", "16K", "--records", tmp_path)
+                         "--budget", "16K", "--records", folder / "records", env=env)
     assert_ok(done)
-    record = only_record(tmp_path, "allreduce")
+    return only_record(folder / "records", "allreduce"), exits
+
+
+@pytest.mark.slow
+def test_allreduce_benchmark_with_nproc_and_device_cpu(allreduce_with_nproc):
+    assert allreduce_bandwidth.without_nproc(["--nproc", "2", "--max-bytes", "4K", "--nproc=3"]) == ["--max-bytes", "4K"]
+    record, _ = allreduce_with_nproc
     assert (record["world_size"], record["backend"], record["device"]) == (2, "gloo", "cpu")
+
+
+@pytest.mark.slow
+@COUNTS_THREADS_IN_PROC
+def test_allreduce_benchmark_frees_its_group(allreduce_with_nproc):
+    """Each rank exits with no gloo thread left (tests/test_teardown.py says why that matters)."""
+    _, exits = allreduce_with_nproc
+    assert gloo_threads_at_exit(exits) == [(0, 0), (1, 0)]
 
 
 @pytest.mark.slow

@@ -9,8 +9,10 @@ import subprocess
 import pytest
 import torch
 
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 from helpers import (PYTHON, REPO, SCRIPTS, aborted_at_exit, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
                       run_torchrun, script_env)
+from demos import beyond_ddp
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
 
@@ -19,15 +21,51 @@ pytestmark = pytest.mark.slow  # real 2-process runs of the demos and the script
 K = 4  # micro-batches per optimizer step in the accumulate demo
 
 
+# The demos run in two groups, and each rank's exit is counted (tests/gloo_exit_hook.py): the FSDP2 demo alone,
+# as its process group outlives the run (test_the_demos_free_their_groups below).
+DEMO_GROUPS = {"all-but-fsdp": ("overlap", "accumulate", "syncbn", "join", "zero"), "fsdp": ("fsdp",)}
+
+
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("beyond") / "observed.json"
-    done = run_torchrun("demos/beyond_ddp.py", "--micro-batches", K, "--json", out)
-    # The FSDP2 demo's group outlives the run (tests/test_teardown.py), so a rank may be aborted at exit, by
-    # chance: after the record was written, which is all this module reads. Any other failure fails here.
-    if not aborted_at_exit(done):
-        assert_ok(done)
-    return read_json(out)
+def demo_runs(tmp_path_factory):
+    """{group: (what its demos observed, the count of gloo threads each rank still had as it exited)}."""
+    runs = {}
+    for group, demos in DEMO_GROUPS.items():
+        folder = tmp_path_factory.mktemp(f"beyond-{group}")
+        env, exits = exit_env(folder)
+        done = run_torchrun("demos/beyond_ddp.py", "--demo", *demos, "--micro-batches", K,
+                            "--json", folder / "observed.json", env=env)
+        # With the FSDP2 demo's group alive to the end, a rank may be aborted at exit, by chance: after the
+        # record was written, which is all this module reads. Any other failure fails here.
+        if not (group == "fsdp" and aborted_at_exit(done)):
+            assert_ok(done)
+        runs[group] = (read_json(folder / "observed.json"), exits)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def observed(demo_runs):
+    """What each demo observed, from both runs."""
+    return {demo: seen for observed_in_run, _ in demo_runs.values() for demo, seen in observed_in_run.items()}
+
+
+def test_the_two_runs_hold_every_demo_the_script_runs_by_default(observed):
+    assert sorted(observed) == sorted(name for name in beyond_ddp.DEMOS if name != "no-join")  # it fails on purpose
+
+
+# The FSDP2 demo shards over a process group of its own, which torch's DTensor caches keep alive after
+# destroy_process_group (scripts/demos/beyond_ddp.py, demo_fsdp): its gloo threads run on into the shutdown.
+# Strict: once that group is freed, this passes and the mark must go.
+FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 mesh's group outlives "
+                                                "destroy_process_group, with its gloo threads")
+
+
+@COUNTS_THREADS_IN_PROC
+@pytest.mark.parametrize("group", ["all-but-fsdp", pytest.param("fsdp", marks=FSDP_GROUP_OUTLIVES_THE_RUN)])
+def test_the_demos_free_their_groups(demo_runs, group):
+    """Each rank exits with no gloo thread left (tests/test_teardown.py says why that matters)."""
+    _, exits = demo_runs[group]
+    assert gloo_threads_at_exit(exits) == [(0, 0), (1, 0)]
 
 
 # ------------------------------------------------------------ your own DDP, with overlap

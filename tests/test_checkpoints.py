@@ -15,25 +15,15 @@ import subprocess
 import pytest
 import torch
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SHORT_TEST_SPLIT, assert_ok, read_json, run_python,
-                      run_torchrun, script_env, torchrun_command)
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, RESUMABLE_RUN, assert_ok, read_json,
+                     run_python, run_torchrun, script_env, torchrun_command)
 from lesson import models
 from machinery import checkpoints
 
 pytestmark = pytest.mark.slow  # every test here compares runs that are killed, stopped or resumed
 
-RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4, *SHORT_TEST_SPLIT)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """Reference runs, never interrupted: DDP in 2 processes, and the single-process baseline, which also
-    shows the pruning of old checkpoints (a setting that changes no weight)."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(run_torchrun("step4_ddp.py", *RUN, *run_outputs(folder, "ddp")))
-    assert_ok(run_python("step1_baseline.py", *RUN, "--keep-checkpoints", 2, *run_outputs(folder, "single")))
-    return {"ddp": saved_weights(folder, "ddp"), "single": saved_weights(folder, "single"),
-            "ddp_record": read_json(folder / "results" / "ddp.json"), "folder": folder}
+RUN = RESUMABLE_RUN
+# The reference runs, `uninterrupted`, are shared with test_graceful_stop.py (tests/conftest.py).
 
 
 def test_the_reference_runs_really_differ_from_their_start(uninterrupted):

@@ -21,27 +21,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import (PYTHON, REPO, SCRIPTS, SHORT_TEST_SPLIT, assert_ok, assert_one_line_error, assert_same_weights,
+from helpers import (PYTHON, REPO, RESUMABLE_RUN, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights,
                      run_outputs, run_python, run_torchrun, saved_weights, script_env, torchrun_command)
 from machinery import checkpoints, cli, graceful_stop, launch_checks
 from machinery.errors import CourseError
 from notebook_support import rank_stacks
 
-# 2 epochs of 6 steps, 32 images per rank and step; a checkpoint every 4 steps and at each epoch's end. The claims
-# are about the weights: each epoch ends scoring the short test split.
-RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4, *SHORT_TEST_SPLIT)
+RUN = RESUMABLE_RUN  # 2 epochs of 6 steps (tests/helpers.py); `uninterrupted` runs it (tests/conftest.py)
 # After SIGTERM, a process that has not stopped within the grace period ends itself (SIGALRM). A scheduler's
 # grace, as the jobs pass it, so that however loaded the machine, the stop below has all the time it needs.
 GRACE = ("--grace-period", 60)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The runs as they go when nothing stops them: DDP in 2 processes, and one process."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    assert_ok(run_torchrun("step4_ddp.py", *RUN, *run_outputs(folder, "ddp")))
-    assert_ok(run_python("step1_baseline.py", *RUN, *run_outputs(folder, "single")))
-    return {"ddp": saved_weights(folder, "ddp"), "single": saved_weights(folder, "single")}
 
 
 def stop_lines(done):

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
-from helpers import REPO, SCRIPTS, assert_ok, read_json, run_python, script_env, torchrun_command
+from helpers import PYTHON, REPO, SCRIPTS, assert_ok, read_json, run_python, script_env
 from data_makers import write_image_folder, write_resnet18_weights
 
 # Three epochs (so three data orders, for the set_epoch checks below) of four steps each: past the three
@@ -148,13 +148,13 @@ SHUFFLING_SCRIPTS = {
 }
 
 
-def run_for_orders(script, script_path, folder, env, extra):
-    """Three epochs of one step under torchrun, in one process: the order set_epoch changes is the shuffle all
-    ranks share (DistributedSampler draws one permutation from seed + epoch, and each rank takes every
-    world_size-th index of it), so one rank's order shows it, whatever the world size."""
-    command = torchrun_command(script, "--epochs", 3, "--max-steps", 1, *extra, "--results-dir", folder / "r",
-                               "--run-name", "orders", "--checkpoint-dir", folder / "c", nproc=1)
-    command[command.index(str(SCRIPTS / script))] = str(script_path)
+def run_for_orders(script_path, folder, env, extra):
+    """Three epochs of one step in one process (plain python: the world of one that torchrun --nproc-per-node=1
+    would make, without its launcher process). The order set_epoch changes is the shuffle all ranks share
+    (DistributedSampler draws one permutation from seed + epoch, and each rank takes every world_size-th index of
+    it), so one rank's order shows it, whatever the world size."""
+    command = [PYTHON, str(script_path), "--epochs", "3", "--max-steps", "1", *map(str, extra),
+               "--results-dir", str(folder / "r"), "--run-name", "orders", "--checkpoint-dir", str(folder / "c")]
     assert_ok(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300))
     return epoch_orders(read_json(folder / "r" / "orders.json"))
 
@@ -175,7 +175,7 @@ def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, 
     if script in ORDERS_FROM_CASES:
         orders = epoch_orders(case_run(ORDERS_FROM_CASES[script])[1])
     else:
-        orders = run_for_orders(script, SCRIPTS / script, tmp_path / "with", script_env(), extra)
+        orders = run_for_orders(SCRIPTS / script, tmp_path / "with", script_env(), extra)
     assert len(orders) == 3 and len(set(orders)) == 3, orders  # three epochs, three different orders
     # The same script without its set_epoch line: every epoch repeats the first one's order.
     source = (SCRIPTS / script).read_text()
@@ -183,5 +183,5 @@ def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, 
     broken = tmp_path / "broken" / script
     broken.parent.mkdir()
     broken.write_text("\n".join(line for line in source.splitlines() if SET_EPOCH not in line))
-    orders = run_for_orders(script, broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS), extra)
+    orders = run_for_orders(broken, tmp_path / "without", script_env(PYTHONPATH=SCRIPTS), extra)
     assert len(orders) == 3 and len(set(orders)) == 1, orders

@@ -8,10 +8,11 @@ threads run on into the interpreter's shutdown, and one of them can free a tenso
 its precondition, which is deterministic: gloo threads still alive when the script's ranks exit. A hook run at
 exit (``atexit``, from a ``sitecustomize`` on PYTHONPATH, tests/gloo_exit_hook.py) counts them.
 
-The scripts that tests of their own run already (scripts/demos/collectives.py, scripts/demos/ddp_mechanics.py, and
-the steps as `make run` starts them) are checked on those runs, with this hook: tests/test_collectives_demo.py,
-tests/test_ddp_demos.py and tests/test_scripts.py. One run then shows both what the script prints and that it
-frees its group.
+The scripts that tests of their own run already (scripts/demos/collectives.py, scripts/demos/ddp_mechanics.py,
+the steps as `make run` starts them, scripts/demos/beyond_ddp.py and benchmarks/allreduce_bandwidth.py) are
+checked on those runs, with this hook: tests/test_collectives_demo.py, tests/test_ddp_demos.py,
+tests/test_scripts.py, tests/test_beyond.py and tests/test_benchmarks.py.
+One run then shows both what the script prints and that it frees its group.
 """
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import sys
 import pytest
 
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
-from helpers import REPO, SHORT_TEST_SPLIT, aborted_at_exit, assert_ok, output_folders, run_torchrun
+from helpers import SHORT_TEST_SPLIT, aborted_at_exit, assert_ok, output_folders, run_torchrun
 
 pytestmark = [pytest.mark.slow, COUNTS_THREADS_IN_PROC]
 
@@ -51,30 +52,4 @@ def test_a_step_script_frees_its_group_with_pythons_own_collector_off(tmp_path):
     env, report = exit_env(tmp_path, automatic_gc=False)
     assert_ok(run_torchrun("step4_ddp.py", "--epochs", 1, "--max-steps", 2, *SHORT_TEST_SPLIT,
                            *output_folders(tmp_path), env=env))
-    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
-
-
-def test_allreduce_benchmark_frees_its_group(tmp_path):
-    env, report = exit_env(tmp_path)
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "allreduce_bandwidth.py"), "--nproc", "2",
-                           "--device", "cpu", "--max-bytes", "4K", "--budget", "16K", "--records", tmp_path],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert_ok(done)
-    assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]
-
-
-# The FSDP2 demo shards over a process group of its own, which torch's DTensor caches keep alive after
-# destroy_process_group (scripts/demos/beyond_ddp.py, demo_fsdp): its gloo threads run on into the shutdown.
-# Strict: once that group is freed, this passes and the mark must go.
-FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 mesh's group outlives "
-                                                "destroy_process_group, with its gloo threads")
-
-
-@pytest.mark.parametrize("demos", [("overlap", "accumulate", "syncbn", "join", "zero"),
-                                   pytest.param(("fsdp",), marks=FSDP_GROUP_OUTLIVES_THE_RUN)],
-                         ids=["all-but-fsdp", "fsdp"])
-def test_beyond_demos_free_their_groups(tmp_path, demos):
-    env, report = exit_env(tmp_path)
-    done = run_torchrun("demos/beyond_ddp.py", "--demo", *demos, env=env)
-    assert_ok(done)
     assert gloo_threads_at_exit(report) == [(0, 0), (1, 0)]

@@ -60,8 +60,8 @@ def run_demos(runtime, args, demos):
 def leave_together():
     """The end of a demo: every rank waits for the others (none closes its connections while a
     peer still needs them), then tears the process group down, which joins gloo's worker threads
-    when nothing else holds the group (tests/test_teardown.py, test_collectives_demo.py and test_ddp_demos.py
-    check the scripts).
+    when nothing else holds the group (tests/test_teardown.py says why; test_collectives_demo.py,
+    test_ddp_demos.py and test_beyond.py check the demos).
     Left running into Python's shutdown, one of them can free a tensor then and abort the process
     ("terminate called without an active exception")."""
     dist.barrier()
