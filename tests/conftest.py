@@ -38,17 +38,25 @@ def uninterrupted():
     """The reference runs of helpers.RESUMABLE_RUN, never interrupted: DDP in 2 processes, and the single-process
     baseline, which also shows the pruning of old checkpoints (--keep-checkpoints 2, a setting that changes no
     weight). test_checkpoints.py and test_graceful_stop.py compare their killed, stopped and resumed runs with
-    them. The two files may run in two workers at once: the first to get here trains the runs in the session's
-    output folder, which every worker shares, while the other waits for the lock and then reads them."""
+    them. The two files may run in different workers at once: the first to get here trains the runs in the
+    session's output folder, which every worker shares, while the others wait for the lock and then read them.
+    If the runs failed, the others fail at once instead of training again into the half-written folder."""
     from helpers import RESUMABLE_RUN, assert_ok, read_json, run_outputs, run_python, run_torchrun, saved_weights
 
-    folder = Path(os.environ["COURSE_OUTPUT_DIR"]) / "uninterrupted-runs"
-    with held(folder.with_name(folder.name + ".lock")):
-        finished = folder / "both-finished"
+    shared = Path(os.environ["COURSE_OUTPUT_DIR"])
+    folder = shared / "uninterrupted-runs"
+    finished, failed = shared / "uninterrupted-runs.finished", shared / "uninterrupted-runs.failed"
+    with held(shared / "uninterrupted-runs.lock"):
+        if failed.exists():
+            pytest.fail("the uninterrupted reference runs failed in another test process: its report shows why")
         if not finished.exists():
-            assert_ok(run_torchrun("step4_ddp.py", *RESUMABLE_RUN, *run_outputs(folder, "ddp")))
-            assert_ok(run_python("step1_baseline.py", *RESUMABLE_RUN, "--keep-checkpoints", 2,
-                                 *run_outputs(folder, "single")))
+            try:
+                assert_ok(run_torchrun("step4_ddp.py", *RESUMABLE_RUN, *run_outputs(folder, "ddp")))
+                assert_ok(run_python("step1_baseline.py", *RESUMABLE_RUN, "--keep-checkpoints", 2,
+                                     *run_outputs(folder, "single")))
+            except BaseException:
+                failed.touch()
+                raise
             finished.touch()
     return {"ddp": saved_weights(folder, "ddp"), "single": saved_weights(folder, "single"),
             "ddp_record": read_json(folder / "results" / "ddp.json"), "folder": folder}

@@ -75,7 +75,7 @@ def assert_ok(done):
 
 def aborted_at_exit(done):
     """torchrun's report of a worker killed by SIGABRT: the abort at exit that a gloo group left alive invites
-    (tests/test_teardown.py says when, and checks which scripts free their groups)."""
+    (tests/test_teardown.py says when, and where each script's teardown is checked)."""
     return done.returncode != 0 and ("Signal 6 (SIGABRT)" in done.stderr or "exitcode  : -6" in done.stderr)
 
 

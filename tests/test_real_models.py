@@ -166,7 +166,8 @@ TRAINED_BY_THE_REFERENCE_RUNS = {"step1_baseline": "single", "step4_ddp": "ddp"}
 def test_every_training_script_trains_resnet18_on_cifar10(script, cifar, request, tmp_path):
     world_size = SCRIPT_CASES[script]
     if script in TRAINED_BY_THE_REFERENCE_RUNS:
-        folder, name = request.getfixturevalue("uninterrupted")["folder"], TRAINED_BY_THE_REFERENCE_RUNS[script]
+        folder = request.getfixturevalue("uninterrupted_resnet18")["folder"]
+        name = TRAINED_BY_THE_REFERENCE_RUNS[script]
     else:
         folder, name = tmp_path, "run"
         assert_ok(run_on_cifar(cifar, f"{script}.py", "--dataset", "cifar10", "--model", "resnet18", "--epochs", 1,
@@ -191,7 +192,7 @@ def test_the_synthetic_set_trains_without_any_file(tmp_path):
 # ---------------------------------------------------------------- exact resume
 
 @pytest.fixture(scope="module")
-def uninterrupted(cifar, tmp_path_factory):
+def uninterrupted_resnet18(cifar, tmp_path_factory):
     folder = tmp_path_factory.mktemp("uninterrupted")
     assert_ok(run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(folder, "single")))
     assert_ok(run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(folder, "ddp"), nproc=2))
@@ -199,15 +200,15 @@ def uninterrupted(cifar, tmp_path_factory):
 
 
 @pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
-def test_the_reference_runs_trained(uninterrupted):
+def test_the_reference_runs_trained(uninterrupted_resnet18):
     torch.manual_seed(0)
     untrained = more_models.resnet18().state_dict()
-    assert not torch.equal(untrained["fc.weight"], uninterrupted["single"]["fc.weight"])
-    assert not torch.equal(uninterrupted["single"]["fc.weight"], uninterrupted["ddp"]["fc.weight"])
+    assert not torch.equal(untrained["fc.weight"], uninterrupted_resnet18["single"]["fc.weight"])
+    assert not torch.equal(uninterrupted_resnet18["single"]["fc.weight"], uninterrupted_resnet18["ddp"]["fc.weight"])
 
 
 @pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
-def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted, tmp_path):
+def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uninterrupted_resnet18, tmp_path):
     """Augmentation on: the resumed epoch's crops and flips must be the ones the first run drew."""
     stopped = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--fault", "exit",
                            "--fault-step", STOP_STEP)
@@ -215,16 +216,16 @@ def test_a_stopped_resnet18_run_resumes_mid_epoch_to_the_same_weights(cifar, uni
     resumed = run_on_cifar(cifar, "step1_baseline.py", *RUN, *run_outputs(tmp_path, "stopped"), "--resume")
     assert_ok(resumed)
     assert "checkpoint-00000003.pt: epoch 2, 1 of" in resumed.stdout, resumed.stdout
-    assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted["single"])
+    assert_same_weights(saved_weights(tmp_path, "stopped"), uninterrupted_resnet18["single"])
 
 
 @pytest.mark.slow  # ResNet-18 runs: make test runs it, make test-fast leaves it out
-def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted, tmp_path):
+def test_a_killed_ddp_worker_is_restarted_and_ends_with_the_same_weights(cifar, uninterrupted_resnet18, tmp_path):
     done = run_on_cifar(cifar, "step4_ddp.py", *RUN, *run_outputs(tmp_path, "killed"), "--fault", "kill",
                         "--fault-rank", 1, "--fault-step", STOP_STEP, nproc=2, launcher=("--max-restarts=1",))
     assert_ok(done)
     assert "checkpoint-00000003.pt: epoch 2, 1 of" in done.stdout, done.stdout
-    assert_same_weights(saved_weights(tmp_path, "killed"), uninterrupted["ddp"])
+    assert_same_weights(saved_weights(tmp_path, "killed"), uninterrupted_resnet18["ddp"])
 
 
 def dataloader_run(cifar, folder, name, workers, *extra):
