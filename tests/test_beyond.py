@@ -1,58 +1,32 @@
 """Beyond the defaults (scripts/demos/beyond_ddp.py, step2b_own_ddp.py and the Trainer's options): every
 claim of notebook 07 checked against what a real 2-process gloo run did.
 
-The demos run once for the module, in two runs (DEMO_GROUPS below); the other tests start the training scripts
-themselves, and a run that several tests read is made once for the module too.
+The demos run once for the session, in two runs (helpers.BEYOND_DEMO_GROUPS; tests/conftest.py, beyond_demo_runs,
+which test_exercises.py reads too); the other tests start the training scripts themselves, and a run that several
+tests read is made once for the module.
 """
 import subprocess
 
 import pytest
 import torch
 
-from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
-from helpers import (PYTHON, REPO, SCRIPTS, aborted_at_exit, assert_ok, assert_one_line_error, error_lines, read_json, run_python,
-                      run_torchrun, script_env)
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
+from helpers import (BEYOND_DEMO_GROUPS, MICRO_BATCHES, PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error,
+                     error_lines, observed_in, read_json, run_python, run_torchrun, script_env)
 from demos import beyond_ddp
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
 
 pytestmark = pytest.mark.slow  # real 2-process runs of the demos and the scripts
 
-K = 4  # micro-batches per optimizer step in the accumulate demo
-
-
-# The demos run in two groups, and each rank's exit is counted (tests/gloo_exit_hook.py): the FSDP2 demo alone,
-# as its process group outlives the run (test_the_demos_free_their_groups below).
-DEMO_GROUPS = {"all-but-fsdp": ("overlap", "accumulate", "syncbn", "join", "zero"), "fsdp": ("fsdp",)}
-
-
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory):
-    """{group: (the finished torchrun, what its demos observed, the count of gloo threads each rank still had as
-    it exited)}."""
-    runs = {}
-    for group, demos in DEMO_GROUPS.items():
-        folder = tmp_path_factory.mktemp(f"beyond-{group}")
-        env, exits = exit_env(folder)
-        done = run_torchrun("demos/beyond_ddp.py", "--demo", *demos, "--micro-batches", K,
-                            "--json", folder / "observed.json", env=env)
-        # A group left alive to the end (the FSDP2 demo's, or a regression's) can abort a rank at exit, by chance:
-        # after the record was written, which is all the other tests read. test_the_demos_free_their_groups
-        # fails then; any other failure fails here.
-        if not aborted_at_exit(done):
-            assert_ok(done)
-        runs[group] = (done, read_json(folder / "observed.json"), exits)
-    return runs
-
-
-@pytest.fixture(scope="module")
-def observed(demo_runs):
-    """What each demo observed, from both runs."""
-    return {demo: seen for _, observed_in_run, _ in demo_runs.values() for demo, seen in observed_in_run.items()}
+def observed(beyond_demo_runs):
+    """What each demo observed, from both runs (tests/conftest.py)."""
+    return observed_in(beyond_demo_runs)
 
 
 def test_the_two_runs_hold_every_demo_the_script_runs_by_default_once(observed):
-    grouped = sorted(demo for demos in DEMO_GROUPS.values() for demo in demos)
+    grouped = sorted(demo for demos in BEYOND_DEMO_GROUPS.values() for demo in demos)
     assert grouped == sorted(name for name in beyond_ddp.DEMOS if name != "no-join")  # it fails on purpose
     assert sorted(observed) == grouped
 
@@ -66,9 +40,9 @@ FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 m
 
 @COUNTS_THREADS_IN_PROC
 @pytest.mark.parametrize("group", ["all-but-fsdp", pytest.param("fsdp", marks=FSDP_GROUP_OUTLIVES_THE_RUN)])
-def test_the_demos_free_their_groups(demo_runs, group):
+def test_the_demos_free_their_groups(beyond_demo_runs, group):
     """Each rank exits with no gloo thread left (tests/test_teardown.py says why that matters)."""
-    done, _, exits = demo_runs[group]
+    done, _, exits = beyond_demo_runs[group]
     assert_ok(done)
     assert gloo_threads_at_exit(exits) == [(0, 0), (1, 0)]
 
@@ -152,8 +126,9 @@ def test_accumulating_k_micro_batches_equals_one_step_on_the_k_times_larger_batc
 def test_no_sync_synchronises_once_per_optimizer_step_and_without_it_k_times(observed):
     accumulate = observed["accumulate"]
     assert accumulate["no_sync"]["syncs_per_step"] == [1, 1, 1]
-    assert accumulate["without no_sync"]["syncs_per_step"] == [K, K, K]
-    assert accumulate["without no_sync"]["numbers_per_step"] == K * accumulate["no_sync"]["numbers_per_step"]
+    assert accumulate["without no_sync"]["syncs_per_step"] == [MICRO_BATCHES] * 3
+    numbers = accumulate["no_sync"]["numbers_per_step"]
+    assert accumulate["without no_sync"]["numbers_per_step"] == MICRO_BATCHES * numbers
 
 
 @pytest.mark.parametrize("script, mode", [("step4_ddp.py", ()), ("step2b_own_ddp.py", ("--mode", "overlap-bucket"))])

@@ -1,31 +1,19 @@
 """scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
 notebook 04_ddp says DDP does, and the script frees its process group before its ranks exit (the gloo
 threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py)."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from demos import ddp_mechanics as ddp_demos, runner
 from lesson.models import Net
-from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
-
-REPO = Path(__file__).resolve().parents[1]
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
 
 
 @pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("demos")
-    env, exit_report = exit_env(folder)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "scripts" / "demos/ddp_mechanics.py"), "--device", "cpu",
-               "--json", str(folder / "demos.json"), "--save-prefixed", str(folder / "prefixed.pt")]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout, json.loads((folder / "demos.json").read_text()), folder / "prefixed.pt", exit_report
+def demos(ddp_mechanics_run):
+    """(What the run printed, what its demos observed, the prefixed checkpoint, the exit report): one run of every
+    demo, made once for the session (tests/conftest.py; test_exercises.py reads it too)."""
+    return ddp_mechanics_run
 
 
 def test_every_demo_prints_its_section(demos):

@@ -7,15 +7,13 @@ would: in a namespace holding what the notebook defined before the exercise.
 """
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from helpers import REPO, SCRIPTS
+from helpers import REPO, observed_in
 from lesson import data, models
 from machinery import datasets, more_models
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
@@ -30,25 +28,18 @@ def train_set():
 
 
 @pytest.fixture(scope="module")
-def ddp_buckets(tmp_path_factory):
-    """What DDP did with its buckets, from a real torchrun of the demo (notebook 04 shows the same)."""
-    record = tmp_path_factory.mktemp("ddp") / "demos.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(SCRIPTS / "demos/ddp_mechanics.py"), "--demo", "buckets", "--device", "cpu", "--json", str(record)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(record.read_text())["buckets"]
+def ddp_buckets(ddp_mechanics_run):
+    """What DDP did with its buckets, from a real torchrun of the demo (notebook 04 shows the same; tests/conftest.py
+    makes the run once for the session, and test_ddp_demos.py checks it too)."""
+    _, observed, _, _ = ddp_mechanics_run
+    return observed["buckets"]
 
 
 @pytest.fixture(scope="module")
-def beyond_observed(tmp_path_factory):
-    """What gradient accumulation and ZeRO-1 did, from a real torchrun of the demos (notebook 07 shows the same)."""
-    record = tmp_path_factory.mktemp("beyond") / "demos.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(SCRIPTS / "demos/beyond_ddp.py"), "--demo", "accumulate", "zero", "--device", "cpu", "--json", str(record)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(record.read_text())
+def beyond_observed(beyond_demo_runs):
+    """What gradient accumulation and ZeRO-1 did, from real torchruns of the demos (notebook 07 shows the same;
+    tests/conftest.py makes the runs once for the session, and test_beyond.py checks them too)."""
+    return observed_in(beyond_demo_runs)
 
 
 def uneven_shards_context(train_set):
