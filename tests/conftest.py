@@ -3,6 +3,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def made_once(name, make):
         if failed.exists():
             pytest.fail(f"{name}: made in another test process, where it failed: that process's report shows why")
         if not finished.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a maker killed midway (no marker) left
             try:
                 make(folder)
             except BaseException:
@@ -85,36 +87,38 @@ def uninterrupted():
 
 
 @pytest.fixture(scope="session")
-def beyond_demo_runs():
-    """The runs of scripts/demos/beyond_ddp.py, in the groups of helpers.BEYOND_DEMO_GROUPS, once for the session
-    (made_once): test_beyond.py checks each demo, test_exercises.py the notebook 07 exercises. {group: (the finished
-    torchrun, what its demos observed, the count of gloo threads each rank still had as it exited)}."""
+def beyond_demo_run():
+    """``beyond_demo_run(group)``: the run of scripts/demos/beyond_ddp.py with the demos of that group of
+    helpers.BEYOND_DEMO_GROUPS, made once for the session (made_once): test_beyond.py checks every demo,
+    test_exercises.py the notebook 07 exercises. (The finished torchrun, what its demos observed, the exit report
+    of tests/gloo_exit_hook.py: the gloo threads each rank still had as it exited.)"""
     from gloo_exit_hook import exit_env
     from helpers import BEYOND_DEMO_GROUPS, MICRO_BATCHES, aborted_at_exit, assert_ok, read_json, run_torchrun
 
-    def run(folder):
-        for group, demos in BEYOND_DEMO_GROUPS.items():
-            (folder / group).mkdir(parents=True)
-            env, _ = exit_env(folder / group)
-            done = run_torchrun("demos/beyond_ddp.py", "--demo", *demos, "--micro-batches", MICRO_BATCHES,
-                                "--json", folder / group / "observed.json", env=env)
-            saved_run(done, folder / group / "run.json")
+    def made(group):
+        def run(folder):
+            folder.mkdir()
+            env, _ = exit_env(folder)
+            done = run_torchrun("demos/beyond_ddp.py", "--demo", *BEYOND_DEMO_GROUPS[group], "--micro-batches",
+                                MICRO_BATCHES, "--json", folder / "observed.json", env=env)
+            saved_run(done, folder / "run.json")
             # A group left alive to the end (the FSDP2 demo's, or a regression's) can abort a rank at exit, by chance:
             # after the record was written, which is all the other tests read. test_beyond.py's
             # test_the_demos_free_their_groups fails then; any other failure fails here.
             if not aborted_at_exit(done):
                 assert_ok(done)
 
-    folder = made_once("beyond-demo-runs", run)
-    return {group: (read_run(folder / group / "run.json"), read_json(folder / group / "observed.json"),
-                    folder / group / "exit.jsonl") for group in BEYOND_DEMO_GROUPS}
+        folder = made_once(f"beyond-demos-{group}", run)
+        return read_run(folder / "run.json"), read_json(folder / "observed.json"), folder / "exit.jsonl"
+
+    return made
 
 
 @pytest.fixture(scope="session")
 def ddp_mechanics_run():
     """One run of every demo of scripts/demos/ddp_mechanics.py, once for the session (made_once): test_ddp_demos.py
     checks each demo, test_exercises.py a notebook 04 exercise. (What it printed, what its demos observed, the
-    checkpoint it saved the wrong way (--save-prefixed), the count of gloo threads each rank still had as it exited.)"""
+    checkpoint it saved the wrong way (--save-prefixed), the exit report of tests/gloo_exit_hook.py.)"""
     from gloo_exit_hook import exit_env
     from helpers import assert_ok, read_json, run_torchrun
 

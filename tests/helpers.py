@@ -30,15 +30,10 @@ SHORT_TEST_SPLIT = ("--data-dir", SHORT_TEST_SPLIT_DIR)
 RESUMABLE_RUN = ("--epochs", 2, "--max-steps", 6, "--batch-size", 32, "--checkpoint-every", 4, *SHORT_TEST_SPLIT)
 
 # The runs of scripts/demos/beyond_ddp.py that test_beyond.py and test_exercises.py read (tests/conftest.py,
-# beyond_demo_runs): every demo it runs by default, in two groups, each rank's exit counted (tests/gloo_exit_hook.py);
+# beyond_demo_run): every demo it runs by default, in two groups, each rank's exit counted (tests/gloo_exit_hook.py);
 # the FSDP2 demo alone, as its process group outlives the run (test_beyond.py, test_the_demos_free_their_groups).
 BEYOND_DEMO_GROUPS = {"all-but-fsdp": ("overlap", "accumulate", "syncbn", "join", "zero"), "fsdp": ("fsdp",)}
 MICRO_BATCHES = 4  # K, the micro-batches per optimizer step in the accumulate demo
-
-
-def observed_in(beyond_runs):
-    """What each beyond demo observed, from the runs of every group (tests/conftest.py, beyond_demo_runs)."""
-    return {demo: seen for _, observed, _ in beyond_runs.values() for demo, seen in observed.items()}
 
 
 def script_env(restarts=False, **extra):

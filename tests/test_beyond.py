@@ -1,7 +1,7 @@
 """Beyond the defaults (scripts/demos/beyond_ddp.py, step2b_own_ddp.py and the Trainer's options): every
 claim of notebook 07 checked against what a real 2-process gloo run did.
 
-The demos run once for the session, in two runs (helpers.BEYOND_DEMO_GROUPS; tests/conftest.py, beyond_demo_runs,
+The demos run once for the session, in two runs (helpers.BEYOND_DEMO_GROUPS; tests/conftest.py, beyond_demo_run,
 which test_exercises.py reads too); the other tests start the training scripts themselves, and a run that several
 tests read is made once for the module.
 """
@@ -12,7 +12,7 @@ import torch
 
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
 from helpers import (BEYOND_DEMO_GROUPS, MICRO_BATCHES, PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error,
-                     error_lines, observed_in, read_json, run_python, run_torchrun, script_env)
+                     error_lines, read_json, run_python, run_torchrun, script_env)
 from demos import beyond_ddp
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
@@ -20,9 +20,9 @@ from step2b_own_ddp import buckets_in_reverse_order
 pytestmark = pytest.mark.slow  # real 2-process runs of the demos and the scripts
 
 @pytest.fixture(scope="module")
-def observed(beyond_demo_runs):
-    """What each demo observed, from both runs (tests/conftest.py)."""
-    return observed_in(beyond_demo_runs)
+def observed(beyond_demo_run):
+    """What each demo observed, from the runs of both groups (tests/conftest.py)."""
+    return {demo: seen for group in BEYOND_DEMO_GROUPS for demo, seen in beyond_demo_run(group)[1].items()}
 
 
 def test_the_two_runs_hold_every_demo_the_script_runs_by_default_once(observed):
@@ -40,9 +40,9 @@ FSDP_GROUP_OUTLIVES_THE_RUN = pytest.mark.xfail(strict=True, reason="the FSDP2 m
 
 @COUNTS_THREADS_IN_PROC
 @pytest.mark.parametrize("group", ["all-but-fsdp", pytest.param("fsdp", marks=FSDP_GROUP_OUTLIVES_THE_RUN)])
-def test_the_demos_free_their_groups(beyond_demo_runs, group):
+def test_the_demos_free_their_groups(beyond_demo_run, group):
     """Each rank exits with no gloo thread left (tests/test_teardown.py says why that matters)."""
-    done, _, exits = beyond_demo_runs[group]
+    done, _, exits = beyond_demo_run(group)
     assert_ok(done)
     assert gloo_threads_at_exit(exits) == [(0, 0), (1, 0)]
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from helpers import REPO, observed_in
+from helpers import REPO
 from lesson import data, models
 from machinery import datasets, more_models
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
@@ -36,10 +36,10 @@ def ddp_buckets(ddp_mechanics_run):
 
 
 @pytest.fixture(scope="module")
-def beyond_observed(beyond_demo_runs):
-    """What gradient accumulation and ZeRO-1 did, from real torchruns of the demos (notebook 07 shows the same;
-    tests/conftest.py makes the runs once for the session, and test_beyond.py checks them too)."""
-    return observed_in(beyond_demo_runs)
+def beyond_observed(beyond_demo_run):
+    """What gradient accumulation and ZeRO-1 did, from a real torchrun of the demos (notebook 07 shows the same;
+    tests/conftest.py makes the run once for the session, and test_beyond.py checks it too)."""
+    return beyond_demo_run("all-but-fsdp")[1]
 
 
 def uneven_shards_context(train_set):

@@ -13,7 +13,7 @@ Four things decide whether that number can be trusted, and each has a function h
   lets it use. cuDNN runs FP32 convolutions in TF32 by default on Ampere and later, so an FP32 run
   there is measured against the TF32 peak, not the (far lower) FP32 one;
 - ``measure_cpu_peak``: a CPU has no data-sheet number that fits every machine, so its peak is
-  measured, once per run, with a short matrix product in the run's precision and thread count.
+  measured by each process at its start, with a short matrix product in the run's precision and thread count.
 """
 import copy
 import os
@@ -57,9 +57,9 @@ PEAK_TFLOPS = {
 IGNORED_NAME_TOKENS = re.compile(r"nvidia|tesla|\d+gb|hbm\d*e?")
 
 CPU_GEMM_SIZE = 512  # large enough to run at the BLAS library's full speed, small enough to take milliseconds
-# Every training process measures at its start, so the window is short. On the 2-core machine the course's
-# tests run on (about 100 GFLOP/s a thread: some 18 products in 0.05 s), 12 windows of 0.05 s found the same
-# median peak as 12 of 0.2 s, within 1 %, idle and beside two busy processes.
+# Every training process on a CPU measures at its start, so the window is short. On the 2-core machine the
+# course's tests run on (about 100 GFLOP/s a thread: some 18 products in 0.05 s), 12 windows of 0.05 s found
+# the same median peak as 12 of 0.2 s, within 1 %, idle and beside two busy processes.
 CPU_GEMM_SECONDS = 0.05
 
 
