@@ -1,7 +1,7 @@
 """scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
 notebook 04_ddp says DDP does, and the script frees its process group before its ranks exit (the gloo
-threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py)."""
-import pytest
+threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py). The run is made once for the session
+(tests/conftest.py, ddp_mechanics_run), and test_exercises.py reads it too."""
 import torch
 
 from demos import ddp_mechanics as ddp_demos, runner
@@ -9,33 +9,26 @@ from lesson.models import Net
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
 
 
-@pytest.fixture(scope="module")
-def demos(ddp_mechanics_run):
-    """(What the run printed, what its demos observed, the prefixed checkpoint, the exit report): one run of every
-    demo, made once for the session (tests/conftest.py; test_exercises.py reads it too)."""
-    return ddp_mechanics_run
-
-
-def test_every_demo_prints_its_section(demos):
-    output, _, _, _ = demos
+def test_every_demo_prints_its_section(ddp_mechanics_run):
+    output, _, _, _ = ddp_mechanics_run
     sections = runner.split_sections(output)
     assert set(ddp_demos.DEMOS) <= set(sections)
     assert all(sections[name].strip() for name in ddp_demos.DEMOS)
 
 
-def test_devices_follow_the_local_rank(demos):
-    _, observed, _, _ = demos
+def test_devices_follow_the_local_rank(ddp_mechanics_run):
+    _, observed, _, _ = ddp_mechanics_run
     assert [(d["rank"], d["local_rank"], d["device"]) for d in observed["devices"]] == [(0, 0, "cpu"), (1, 1, "cpu")]
 
 
-def test_constructor_makes_the_weights_equal(demos):
-    _, observed, _, _ = demos
+def test_constructor_makes_the_weights_equal(ddp_mechanics_run):
+    _, observed, _, _ = ddp_mechanics_run
     assert observed["broadcast"]["before"] > 0.01
     assert observed["broadcast"]["after"] == 0.0
 
 
-def test_buckets_are_rebuilt_after_the_first_step(demos):
-    _, observed, _, _ = demos
+def test_buckets_are_rebuilt_after_the_first_step(ddp_mechanics_run):
+    _, observed, _, _ = ddp_mechanics_run
     buckets = observed["buckets"]
     sizes = buckets["parameter_numels"]
     assert buckets["bucket_numels"][0] == [sum(sizes.values())]  # step 1: one bucket
@@ -49,15 +42,15 @@ def test_buckets_are_rebuilt_after_the_first_step(demos):
     assert buckets["explicit_cap_25_numels"] == [sum(sizes.values())]  # an explicit cap replaces the 1 MiB first one
 
 
-def test_buffers_are_broadcast_at_each_forward(demos):
-    _, observed, _, _ = demos
+def test_buffers_are_broadcast_at_each_forward(ddp_mechanics_run):
+    _, observed, _, _ = ddp_mechanics_run
     assert observed["buffers"]["forward_sync_buffers=True"] == [0.0, 0.0]
     without = observed["buffers"]["forward_sync_buffers=False"]
     assert without[0] == 0.0 and without[1] > 0.01
 
 
-def test_unused_parameter_fails_on_the_next_step_until_found(demos):
-    _, observed, _, _ = demos
+def test_unused_parameter_fails_on_the_next_step_until_found(ddp_mechanics_run):
+    _, observed, _, _ = ddp_mechanics_run
     unused = observed["unused"]
     assert unused["default_steps"] == 1
     assert "find_unused_parameters=True" in unused["error"]
@@ -65,8 +58,8 @@ def test_unused_parameter_fails_on_the_next_step_until_found(demos):
     assert unused["fixed_steps"] == 3 and unused["fixed_error"] is None
 
 
-def test_module_prefix(demos):
-    _, observed, prefixed, _ = demos
+def test_module_prefix(ddp_mechanics_run):
+    _, observed, prefixed, _ = ddp_mechanics_run
     prefix = observed["prefix"]
     assert all(key.startswith("module.") for key in prefix["wrapped_keys"])
     assert prefix["wrong"].startswith("RuntimeError: Error(s) in loading state_dict for Net")
@@ -78,9 +71,9 @@ def test_module_prefix(demos):
 
 
 @COUNTS_THREADS_IN_PROC
-def test_the_demos_free_their_group(demos):
+def test_the_demos_free_their_group(ddp_mechanics_run):
     """Every demo of one run, the unused parameter's error among them, and then no gloo thread left."""
-    *_, exit_report = demos
+    *_, exit_report = ddp_mechanics_run
     assert gloo_threads_at_exit(exit_report) == [(0, 0), (1, 0)]
 
 

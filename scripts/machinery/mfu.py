@@ -58,8 +58,8 @@ IGNORED_NAME_TOKENS = re.compile(r"nvidia|tesla|\d+gb|hbm\d*e?")
 
 CPU_GEMM_SIZE = 512  # large enough to run at the BLAS library's full speed, small enough to take milliseconds
 # Every training process on a CPU measures at its start, so the window is short. On the 2-core machine the
-# course's tests run on (about 100 GFLOP/s a thread: some 18 products in 0.05 s), 12 windows of 0.05 s found
-# the same median peak as 12 of 0.2 s, within 1 %, idle and beside two busy processes.
+# course's tests run on (about 100 GFLOP/s a thread: some 18 products in 0.05 s), windows of 0.05 s found the
+# same median peak as windows of 0.2 s, within about 1 % (12 of each idle, 8 beside two busy processes).
 CPU_GEMM_SECONDS = 0.05
 
 
