@@ -1,7 +1,7 @@
 """scripts/demos/ddp_mechanics.py under torchrun (2 gloo processes): each demo observes what the
 notebook 04_ddp says DDP does, and the script frees its process group before its ranks exit (the gloo
-threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py). The run is made once for the session
-(tests/conftest.py, ddp_mechanics_run), and test_exercises.py reads it too."""
+threads each rank still has then, counted by the exit hook of tests/gloo_exit_hook.py). The run is made
+once for the session (tests/conftest.py, ddp_mechanics_run), and test_exercises.py reads it too."""
 import torch
 
 from demos import ddp_mechanics as ddp_demos, runner
