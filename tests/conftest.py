@@ -92,7 +92,7 @@ def beyond_demo_run():
     helpers.BEYOND_DEMO_GROUPS, made once for the session (made_once): test_beyond.py checks every demo,
     test_exercises.py the notebook 07 exercises. (The finished torchrun, what its demos observed, the exit report
     of tests/gloo_exit_hook.py: the gloo threads each rank still had as it exited.)"""
-    from gloo_exit_hook import exit_env
+    from gloo_exit_hook import exit_env, exit_report_in
     from helpers import BEYOND_DEMO_GROUPS, MICRO_BATCHES, aborted_at_exit, assert_ok, read_json, run_torchrun
 
     def made(group):
@@ -109,7 +109,7 @@ def beyond_demo_run():
                 assert_ok(done)
 
         folder = made_once(f"beyond-demos-{group}", run)
-        return read_run(folder / "run.json"), read_json(folder / "observed.json"), folder / "exit.jsonl"
+        return read_run(folder / "run.json"), read_json(folder / "observed.json"), exit_report_in(folder)
 
     return made
 
@@ -119,7 +119,7 @@ def ddp_mechanics_run():
     """One run of every demo of scripts/demos/ddp_mechanics.py, once for the session (made_once): test_ddp_demos.py
     checks each demo, test_exercises.py a notebook 04 exercise. (What it printed, what its demos observed, the
     checkpoint it saved the wrong way (--save-prefixed), the exit report of tests/gloo_exit_hook.py.)"""
-    from gloo_exit_hook import exit_env
+    from gloo_exit_hook import exit_env, exit_report_in
     from helpers import assert_ok, read_json, run_torchrun
 
     def run(folder):
@@ -132,4 +132,4 @@ def ddp_mechanics_run():
 
     folder = made_once("ddp-mechanics-run", run)
     return (read_run(folder / "run.json").stdout, read_json(folder / "demos.json"), folder / "prefixed.pt",
-            folder / "exit.jsonl")
+            exit_report_in(folder))

@@ -33,13 +33,18 @@ atexit.register(_gloo_threads_at_exit)
 """
 
 
+def exit_report_in(folder):
+    """The report exit_env(folder)'s hook writes: a line per rank that exited."""
+    return folder / "exit.jsonl"
+
+
 def exit_env(tmp_path, automatic_gc=True):
     """script_env with the hook: each rank that exits adds its count to the report (returned with it).
     ``automatic_gc=False``: Python's cycle collector never runs by itself in the script (gc.disable())."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(("" if automatic_gc else "import gc\ngc.disable()\n") + EXIT_HOOK)
-    report = tmp_path / "exit.jsonl"
+    report = exit_report_in(tmp_path)
     return script_env(PYTHONPATH=os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
                       EXIT_REPORT=report), report
 
