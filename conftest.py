@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent
-OUTPUT_DIR_VARIABLE = "COURSE_OUTPUT_DIR"  # scripts/machinery/output_paths.py reads it
+OUTPUT_DIR_VARIABLE = "COURSE_OUTPUT_DIR"  # scripts/kit/output_paths.py reads it
 # What a test session may leave in the checkout: the environment, pytest's own cache, and the bytecode caches
 # Python writes next to the modules it imports (`make test` turns those off: PYTHONDONTWRITEBYTECODE=1).
 MAY_STAY = {".git", ".venv", ".pytest_cache", "__pycache__"}

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 # Imported before the process group starts, as every course script does: they import
-# machinery/launch_checks.py, which imports torch.distributed.nn first (imported after init_process_group,
+# kit/launch_checks.py, which imports torch.distributed.nn first (imported after init_process_group,
 # it keeps the gloo group alive to the end of the process; launch_checks.py says why). Its worker threads
 # then outlive the script and can free a tensor while Python shuts down, which aborts the process
 # (SIGABRT, "terminate called without an active exception").

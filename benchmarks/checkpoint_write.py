@@ -4,7 +4,7 @@
 
 Builds each model (10 classes), gives Adam its state with one step on zero gradients (the step count and the
 two moving averages per weight), and writes ``{"model": ..., "optimizer": ...}`` with
-``machinery.checkpoints.write_atomically`` (serialized, written, fsync'ed, renamed, the folder fsync'ed) into
+``kit.checkpoints.write_atomically`` (serialized, written, fsync'ed, renamed, the folder fsync'ed) into
 --folder, --repeats times each, after one write not counted. The record keeps every time, the checkpoint's size,
 the folder's file system and the load average: a stop by signal must fit a checkpoint between SIGTERM and
 SIGKILL (docs/running_on_a_cluster.md, "Grace periods, and what a checkpoint costs").
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import torch  # noqa: E402
 from lesson import models  # noqa: E402
-from machinery import checkpoints  # noqa: E402
+from kit import checkpoints  # noqa: E402
 
 MODELS = {"net": models.Net, "resnet18": models.MODELS["resnet18"]}
 

@@ -6,7 +6,7 @@ Runs the baseline's step (the Net, Adam, batch 64, in-memory batches) under torc
 sums each operator's own CPU time into groups: the convolutions, the linear layers' matrix
 products, the element-wise work and pooling of forward and backward, and the optimizer. With the
 FLOPs PyTorch counts for the convolutions and the matrix products, each group's achieved GFLOP/s
-is set against the measured peak of a large matrix product with the same threads (scripts/machinery/mfu.py).
+is set against the measured peak of a large matrix product with the same threads (scripts/kit/mfu.py).
 """
 import argparse
 import sys
@@ -18,7 +18,7 @@ import report  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from lesson import models  # noqa: E402
-from machinery import mfu  # noqa: E402
+from kit import mfu  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 

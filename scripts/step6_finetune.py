@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from lesson import data, loop, models, process
-from machinery import agreement, cli, datasets, finetune, job  # flags, checkpoints, records: a learner may skip them
+from kit import agreement, datasets
+from machinery import cli, finetune, job  # flags, checkpoints, records: a learner may skip them
 
 
 def add_arguments(parser):

@@ -33,7 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lesson import data, loop, models, process
 from lesson.model_parallel import TwoDeviceResNet, replica_devices
 from machinery import cli, job  # flags, checkpoints, records: a learner may skip them
-from machinery.errors import CourseError
+from kit.errors import CourseError
 
 
 def add_arguments(parser):

@@ -10,7 +10,7 @@
   unchanged. Everything else is torchvision's real code: the pickles read, the layout
   turned to HWC, the class names read from batches.meta. (``torchvision.datasets.FakeData``
   would replace the data set class itself, leaving none of that reading code tested.)
-  The synthetic-cifar10 data set (scripts/machinery/datasets.py) covers the CIFAR-shaped path where no
+  The synthetic-cifar10 data set (scripts/kit/datasets.py) covers the CIFAR-shaped path where no
   launcher can be slipped in, as in the cluster jobs.
 - ``write_image_folder``: a real ImageFolder (train/ and val/, one folder per class, PNG
   files) from the bundled MNIST digits: two classes, zeros and ones.

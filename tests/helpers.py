@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F401 (the tests take it from here)
+from kit.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F401 (the tests take it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -40,7 +40,7 @@ def script_env(restarts=False, **extra):
     """The environment a launched script sees: no GPU, quiet torchrun banner, loopback only.
 
     ``restarts``: torchrun may restart the group (--max-restarts), so each attempt gets a fresh store, as the
-    course's launchers give it (machinery.launch_checks). Otherwise the workers share the agent's store, whose
+    course's launchers give it (kit.launch_checks). Otherwise the workers share the agent's store, whose
     port the OS picked when it was bound: nothing for another process to take in between.
     """
     env = dict(os.environ)

@@ -10,7 +10,8 @@ import torch
 
 import step1_baseline
 from lesson import loop
-from machinery import cli, precision
+from kit import precision
+from machinery import cli
 
 INITIAL_SCALE = 2.0 ** 10
 

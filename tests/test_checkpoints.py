@@ -18,7 +18,7 @@ import torch
 from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, RESUMABLE_RUN, assert_ok, read_json,
                      run_python, run_torchrun, script_env, torchrun_command)
 from lesson import models
-from machinery import checkpoints
+from kit import checkpoints
 
 pytestmark = pytest.mark.slow  # every test here compares runs that are killed, stopped or resumed
 

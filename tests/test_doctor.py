@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from helpers import PYTHON, REPO, SCRIPTS, reserved_port, run_python, script_env
-from machinery import launch_checks
+from kit import launch_checks
 
 DOCTOR = SCRIPTS / "tools" / "doctor.py"
 LAUNCHER = SCRIPTS / "tools" / "launch.py"

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Subset
 
 from lesson import data, loop, models, process
-from machinery import datasets
+from kit import datasets
 from machinery.cli import DEFAULT_DATA_DIR
 from distributed_helpers import run_in_group
 

@@ -15,7 +15,7 @@ from torch.utils.data import Subset
 
 from helpers import REPO
 from lesson import data, models
-from machinery import datasets, more_models
+from kit import datasets, more_models
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
 
 NOTEBOOKS = REPO / "notebooks"

@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun, script_env
 from lesson import process
-from machinery import launch_checks, stragglers
-from machinery.errors import CourseError
+from kit import launch_checks
+from machinery import stragglers
+from kit.errors import CourseError
 
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 

@@ -11,7 +11,8 @@ import torch
 from helpers import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
 import step6_finetune
 from lesson import models
-from machinery import datasets, finetune, more_models
+from kit import datasets, more_models
+from machinery import finetune
 from machinery.cli import parse_args
 from data_makers import write_image_folder, write_resnet18_weights
 from distributed_helpers import run_in_group

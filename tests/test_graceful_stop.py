@@ -23,8 +23,9 @@ import torch.distributed as dist
 
 from helpers import (PYTHON, REPO, RESUMABLE_RUN, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights,
                      run_outputs, run_python, run_torchrun, saved_weights, script_env, torchrun_command)
-from machinery import checkpoints, cli, graceful_stop, launch_checks
-from machinery.errors import CourseError
+from kit import checkpoints, launch_checks
+from machinery import cli, graceful_stop
+from kit.errors import CourseError
 from notebook_support import rank_stacks
 
 RUN = RESUMABLE_RUN  # 2 epochs of 6 steps (tests/helpers.py); `uninterrupted` runs it (tests/conftest.py)

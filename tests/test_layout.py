@@ -1,13 +1,19 @@
-"""The code's layout: a lesson path a learner can read in one sitting, machinery that says it may be skipped,
-and no import that runs from the library up to an entry script."""
+"""The code's layout: a lesson path a learner can read in one sitting, a kit and machinery that say they may be
+skipped, imports that run one way (steps -> machinery -> lesson -> kit), and no import that runs from the library up
+to an entry script."""
 import ast
 import re
 import subprocess
+import sys
 
 from helpers import PYTHON, REPO, SCRIPTS, assert_ok, script_env
 
 STEPS = ["step1_baseline.py", "step2_allreduce.py", "step3_data_parallel.py", "step4_ddp.py"]
-LIBRARY = ["lesson", "machinery", "notebook_support"]
+LIBRARY = ["kit", "lesson", "machinery", "notebook_support"]
+# What each library layer may import of the course, besides itself: imports run one way, from the steps down.
+# The kit never imports the lesson (lesson/loop.py imports the kit at its top: that would be an import cycle),
+# and the lesson never imports the machinery that a job adds around it.
+MAY_IMPORT = {"kit": set(), "lesson": {"kit"}, "machinery": {"lesson", "kit"}, "notebook_support": {"kit"}}
 SKIP_MARK = "a learner may skip this module"
 LESSON_PATH_MAX_LINES = 700
 
@@ -74,17 +80,45 @@ def test_the_lesson_path_of_the_four_steps_reads_in_one_sitting():
     assert {path.relative_to(SCRIPTS).parts[0] for path in lesson} <= {"lesson", *STEPS}, listing
 
 
-def test_machinery_and_notebook_support_say_a_learner_may_skip_them_and_the_lesson_does_not():
+def test_the_kit_machinery_and_notebook_support_say_a_learner_may_skip_them_and_the_lesson_does_not():
     for folder in LIBRARY:
-        for path in sorted((SCRIPTS / folder).glob("*.py")):
+        for path in sorted((SCRIPTS / folder).rglob("*.py")):
             says_skip = SKIP_MARK in opening(path)
             assert says_skip == (folder != "lesson"), f"{path.relative_to(REPO)}: {opening(path)}"
+
+
+def layer_violations(folder):
+    """'file imports file' for each import of a module in ``folder`` that its layer may not make."""
+    allowed = MAY_IMPORT[folder] | {folder}
+    for path in sorted((SCRIPTS / folder).rglob("*.py")):
+        for imported in imported_files(path):
+            layer = imported.relative_to(SCRIPTS).parts[0]
+            if layer in LIBRARY and layer not in allowed:
+                yield f"{path.relative_to(REPO)} imports {imported.relative_to(REPO)}"
+
+
+def test_imports_run_one_way_from_the_steps_down_to_the_kit():
+    for folder in LIBRARY:
+        assert list(layer_violations(folder)) == [], f"{folder}/ may import only {sorted(MAY_IMPORT[folder])}"
+
+
+def test_the_layer_check_finds_an_import_against_the_rule(tmp_path, monkeypatch):
+    """A kit module that imports the lesson is found: the check above can fail."""
+    planted = tmp_path / "scripts"
+    for folder in LIBRARY:
+        (planted / folder).mkdir(parents=True)
+    (planted / "lesson" / "loop.py").write_text("from kit import checkpoints\n")
+    (planted / "kit" / "checkpoints.py").write_text("from lesson.loop import Trainer\n")
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPTS", planted)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert list(layer_violations("kit")) == ["scripts/kit/checkpoints.py imports scripts/lesson/loop.py"]
+    assert list(layer_violations("lesson")) == []
 
 
 def test_no_library_module_imports_an_entry_script():
     """Entry scripts (the steps, the demos, the tools) import the library, never the other way."""
     for folder in LIBRARY:
-        for path in sorted((SCRIPTS / folder).glob("*.py")):
+        for path in sorted((SCRIPTS / folder).rglob("*.py")):
             for imported in imported_files(path):
                 top = imported.relative_to(SCRIPTS).parts[0]
                 assert top in LIBRARY, f"{path.relative_to(REPO)} imports {imported.relative_to(REPO)}"
@@ -92,7 +126,7 @@ def test_no_library_module_imports_an_entry_script():
 
 def test_no_script_imports_torchvision_before_it_reads_a_data_set():
     """torchvision, and the thousand modules it imports (torch._dynamo among them), come in where a data set is read
-    or a ResNet-18 built (machinery/datasets.py, more_models.py): the doctor and the demos that read none start
+    or a ResNet-18 built (kit/datasets.py, more_models.py): the doctor and the demos that read none start
     without them. Every step, demo and tool imported in one process: none of them has imported either."""
     entries = [path.stem for path in sorted(SCRIPTS.glob("step*.py"))] + [
         f"{folder}.{path.stem}" for folder in ("demos", "tools") for path in sorted((SCRIPTS / folder).glob("[!_]*.py"))]
@@ -122,7 +156,7 @@ def test_the_readme_describes_the_layout_that_is_there():
     section = readme[readme.index("## How the code is organised"):]
     section = section[:section.index("\n## ", 1)]
     folders = sorted(path.name for path in SCRIPTS.iterdir() if path.is_dir() and not path.name.startswith("__"))
-    assert folders == ["demos", "lesson", "machinery", "notebook_support", "tools"]
+    assert folders == ["demos", "kit", "lesson", "machinery", "notebook_support", "tools"]
     for folder in folders:
         assert f"  {folder}/" in section, folder
     for path in SCRIPTS.glob("step*.py"):

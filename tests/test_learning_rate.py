@@ -15,7 +15,7 @@ STEPS = 3  # --max-steps: optimizer steps per epoch
 RULE = ("--lr-scaling", "linear", "--warmup-steps", "2")
 
 # (processes, extra flags) -> the rate of each of the 6 optimizer steps (2 epochs of 3), as the rule
-# documented in scripts/machinery/learning_rate.py gives it for global batch / --batch-size = k:
+# documented in scripts/kit/learning_rate.py gives it for global batch / --batch-size = k:
 # k x BASE, reached from BASE in 2 equal steps, then x GAMMA from the second epoch on.
 RUNS = {
     "1 process": (1, RULE, [BASE] * 3 + [BASE * GAMMA] * 3),  # k = 1: nothing to scale, nothing to warm up

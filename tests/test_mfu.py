@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from lesson import models
-from machinery import mfu
+from kit import mfu
 
 
 class FakeDataParallel(nn.DataParallel):

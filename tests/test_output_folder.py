@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from helpers import PYTHON, REPO, assert_ok, read_json, run_python, script_env
-from machinery import cli, output_paths
+from kit import output_paths
+from machinery import cli
 from notebook_support import runner
 
 

@@ -44,7 +44,7 @@ from cluster_helpers import (
     BATCH_TIMEOUT, JOB_SCRIPTS, STAND_INS, clean_environment, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup,
     read_record, wait_for_file,
 )
-from machinery.checkpoints import checkpoints_in
+from kit.checkpoints import checkpoints_in
 from data_makers import write_image_folder, write_resnet18_weights
 
 SETUP, NO_PBS = pbs_setup()

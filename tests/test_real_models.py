@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python,
                       restarts_in, script_env, torchrun_command)
 from lesson import data, models
-from machinery import datasets, more_models
+from kit import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
 
 PER_BATCH, TEST_IMAGES = 40, 40  # 5 x 40 = 200 training images

@@ -2,7 +2,7 @@
 
 `destroy_process_group()` joins gloo's worker threads when it frees the group. If something keeps the group
 alive (torch.distributed.nn imported after `init_process_group` does, and so does a frame of a script's main left
-in a reference cycle: scripts/machinery/launch_checks.py and cli.run say why, and how the scripts avoid both), the
+in a reference cycle: scripts/kit/launch_checks.py and cli.run say why, and how the scripts avoid both), the
 threads run on into the interpreter's shutdown, and one of them can free a tensor then and abort the process
 ("terminate called without an active exception", SIGABRT): a rare, load-dependent failure. These tests look for
 its precondition, which is deterministic: gloo threads still alive when the script's ranks exit. A hook run at

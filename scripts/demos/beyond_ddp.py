@@ -40,8 +40,9 @@ import step2b_own_ddp as own_ddp
 from demos import runner
 from demos.runner import say
 from lesson import models
-from machinery import agreement, cli, more_models, sync_batchnorm
-from machinery.errors import CourseError, first_line
+from kit import agreement, more_models, sync_batchnorm
+from machinery import cli
+from kit.errors import CourseError, first_line
 from step2_allreduce import average_gradients_bucket
 
 

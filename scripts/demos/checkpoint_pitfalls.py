@@ -22,7 +22,8 @@ import torch
 
 from demos import runner
 from demos.runner import say
-from machinery import agreement, checkpoints, cli
+from kit import agreement, checkpoints
+from machinery import cli
 
 SLOW_WRITE_SECONDS = 1.0  # a large checkpoint on a network file system takes this long, and more
 

@@ -46,7 +46,8 @@ from torch import nn
 
 from demos import runner
 from lesson import models, process
-from machinery import agreement, cli
+from kit import agreement
+from machinery import cli
 from step2_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
 

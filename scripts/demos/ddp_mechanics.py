@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from demos import runner
 from demos.runner import say
 from lesson import models
-from machinery import agreement, cli
+from kit import agreement
+from machinery import cli
 
 
 def add_arguments(parser):

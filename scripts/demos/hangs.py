@@ -43,7 +43,7 @@ import torch.distributed as dist
 from demos import runner
 from lesson import process
 from machinery import cli, stragglers
-from machinery.errors import first_line
+from kit.errors import first_line
 
 
 def parse_args(argv=None):

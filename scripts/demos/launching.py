@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from machinery import cli
-from machinery.errors import CourseError
+from kit.errors import CourseError
 
 TORCHRUN_VARIABLES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"]

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's packages and steps
 
 from notebook_support import rank_stacks
-from machinery.output_paths import REPO
+from kit.output_paths import REPO
 
 PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)
 # Whatever leads up to an install folder, as torch's log lines name it (relative to the first folder on sys.path

@@ -5,6 +5,7 @@
 - ``models``: the Net, and ``build_model`` for every model ``--model`` names;
 - ``loop``: the step, the epoch and exact evaluation, with the named points where a job's machinery plugs in.
 
-Everything a real job needs besides (flags, checkpoints and resuming, fault drills, finding a stalled
-rank, records and MFU, more data sets and models) is in ``scripts/machinery/``: a learner may skip it.
+The lesson stands on the kit (``scripts/kit/``: data sets, checkpoint files, precision, the learning rate's
+scaling); what a real job adds around the loop (flags, checkpoints and resuming, fault drills, finding a stalled
+rank, records and MFU) is in ``scripts/machinery/``. A learner may skip both.
 """

@@ -5,14 +5,14 @@ no internet, and ranks downloading at once corrupt the files). A sampler decides
 process sees, in which order: ``RandomSampler`` in one process, ``DistributedSampler`` (this rank's shard
 of one shuffle all ranks share) in several. ``TensorBatches`` holds the whole set as one tensor on the
 device and cuts each batch out of it by index, which skips the per-sample Python work that dominates small
-models (``--loader dataloader``: a DataLoader with per-sample transforms, in machinery/datasets.py).
+models (``--loader dataloader``: a DataLoader with per-sample transforms, in kit/datasets.py).
 """
 import math
 
 import torch
 from torch.utils.data import Subset
 
-from machinery import agreement, datasets
+from kit import agreement, datasets
 
 
 def load_datasets(name, data_dir, runtime=None):

@@ -14,10 +14,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import optim
 
-from machinery import checkpoints, learning_rate
-from machinery.datasets import as_tensors
-from machinery.output_paths import display_path
-from machinery.precision import Precision
+from kit import checkpoints, learning_rate
+from kit.datasets import as_tensors
+from kit.output_paths import display_path
+from kit.precision import Precision
 
 from .data import epoch_seed, evaluation_shard
 from .models import unwrap

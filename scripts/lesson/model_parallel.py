@@ -7,7 +7,7 @@ device 2*LOCAL_RANK+1: GPU numbers start again on every node, so they come from 
 import torch
 import torch.nn as nn
 
-from machinery.errors import CourseError
+from kit.errors import CourseError
 
 
 class TwoDeviceResNet(nn.Module):

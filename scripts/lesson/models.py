@@ -3,13 +3,13 @@
 Every model returns logits, one raw score per class, and the loss is ``F.cross_entropy``, which
 applies log_softmax itself. (The recipe ends the network in log_softmax and uses nll_loss: the same
 function in two pieces. Feeding softmax into cross_entropy, a common slip, would apply it twice.)
-The other models (BatchNorm, ResNet-18) are in ``machinery/more_models.py``.
+The other models (BatchNorm, ResNet-18) are in ``kit/more_models.py``.
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from machinery import more_models
+from kit import more_models
 
 
 class Net(nn.Module):

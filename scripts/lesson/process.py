@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from machinery import launch_checks
-from machinery.agreement import gather_from_all_ranks
-from machinery.errors import CourseError, first_line
+from kit import launch_checks
+from kit.agreement import gather_from_all_ranks
+from kit.errors import CourseError, first_line
 
 
 @dataclass

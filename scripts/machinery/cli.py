@@ -5,8 +5,8 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import CourseError, first_line
-from .output_paths import OUTPUT_DIR_VARIABLE, REPO, output_dir
+from kit.errors import CourseError, first_line
+from kit.output_paths import OUTPUT_DIR_VARIABLE, REPO, output_dir
 
 DEFAULT_DATA_DIR = REPO / "data"
 OUTPUT_HELP = f"""environment:
@@ -158,7 +158,7 @@ def parse_args(argv=None, description=None, add_arguments=None):
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    from .datasets import LOADER_ONLY  # imported here: --help needs no torch
+    from kit.datasets import LOADER_ONLY  # imported here: --help needs no torch
 
     if args.loader == "auto":
         args.loader = "dataloader" if args.dataset in LOADER_ONLY else "tensor"
@@ -186,7 +186,8 @@ def run(main, argv=None):
     only ask for a graceful stop (graceful_stop.py), the ranks meet before init_process_group (launch_checks.py)."""
     import torch.distributed as dist
 
-    from . import graceful_stop, launch_checks, stragglers
+    from kit import launch_checks
+    from . import graceful_stop, stragglers
 
     words = sys.argv[1:] if argv is None else argv
     write_whole_lines()

@@ -22,8 +22,9 @@ import time
 
 from lesson.loop import Callback
 
-from . import checkpoints, graceful_stop
-from .launch_checks import first_attempt, restart_count
+from kit import checkpoints
+from . import graceful_stop
+from kit.launch_checks import first_attempt, restart_count
 
 
 def drills(args, runtime, checkpointing):

@@ -16,7 +16,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from lesson.models import unwrap
 
-from .errors import CourseError, first_line
+from kit.errors import CourseError, first_line
 
 HEAD = "fc."  # ResNet's output layer
 

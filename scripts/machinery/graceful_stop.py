@@ -32,10 +32,10 @@ import torch.distributed as dist
 from lesson.loop import Callback
 from lesson.models import unwrap
 
-from . import checkpoints
-from .agreement import fail_together
-from .errors import CourseError
-from .output_paths import display_path
+from kit import checkpoints
+from kit.agreement import fail_together
+from kit.errors import CourseError
+from kit.output_paths import display_path
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 received = []  # the signals this process got, in order: a handler only appends here

@@ -2,7 +2,7 @@
 may skip this module.
 
 MFU is measured over the steady part of each epoch: the first ``WARMUP_STEPS`` steps of a process pay
-for memory allocation, kernel selection and the first communication set-up (machinery/mfu.py).
+for memory allocation, kernel selection and the first communication set-up (kit/mfu.py).
 """
 import json
 import os
@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from lesson.loop import Callback, sum_over_ranks, synchronize
 
-from . import mfu
-from .output_paths import display_path
+from kit import mfu
+from kit.output_paths import display_path
 
 WARMUP_STEPS = 3
 

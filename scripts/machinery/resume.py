@@ -11,7 +11,7 @@ Before the first epoch, every rank together:
 - puts the model, optimizer, schedule, scaler, position and random streams back as saved.
 
 While training: a checkpoint every ``--checkpoint-every`` steps and at every epoch's end, written by
-rank 0 (machinery/checkpoints.py) with every rank's random state. A fault drill may wrap ``write``.
+rank 0 (kit/checkpoints.py) with every rank's random state. A fault drill may wrap ``write``.
 """
 import time
 from pathlib import Path
@@ -21,10 +21,11 @@ import torch
 from lesson.loop import Callback
 from lesson.models import unwrap
 
-from . import checkpoints, cli, launch_checks, output_paths
-from .agreement import agree, fail_together, gather_from_all_ranks
-from .errors import CourseError
-from .output_paths import display_path
+from kit import checkpoints, launch_checks, output_paths
+from . import cli
+from kit.agreement import agree, fail_together, gather_from_all_ranks
+from kit.errors import CourseError
+from kit.output_paths import display_path
 
 
 class Checkpointing(Callback):

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from lesson.loop import Callback
 
-from .errors import first_line
+from kit.errors import first_line
 
 ACTIVE = []  # the watch of this process, once a Trainer has one: what cli.run asks
 

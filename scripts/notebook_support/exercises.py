@@ -359,7 +359,7 @@ def ddp_bytes_per_step(model):
 
 def _cifar_resnet_training(*prefixes):
     """ResNet-18 for CIFAR-10's 10 classes; only the parameters under ``prefixes`` train."""
-    from machinery.more_models import resnet18
+    from kit.more_models import resnet18
 
     model = resnet18(num_classes=10)
     for name, parameter in model.named_parameters():
@@ -512,7 +512,7 @@ def check_communication_share(communication_share):
 
 def hung_job_evidence(name):
     """A file of notebooks/hung_jobs/: what two real hung jobs left (scripts/demos/record_hung_jobs.py made them)."""
-    from machinery.output_paths import REPO
+    from kit.output_paths import REPO
 
     return (REPO / "notebooks" / "hung_jobs" / name).read_text()
 
@@ -532,7 +532,7 @@ def where_each_rank_waits(dumps):
 
 @exercise("09_when_it_hangs", 1, answers=("odd_rank", "odd_line"))
 def check_odd_rank(odd_rank, odd_line, dumps=None):
-    from machinery.output_paths import REPO
+    from kit.output_paths import REPO
 
     waits = where_each_rank_waits(rank_dumps(dumps or hung_job_evidence("uneven_3_ranks.pyspy.txt")))
     places = {rank: (collective.function, caller.file, caller.line) for rank, (collective, caller) in waits.items()}

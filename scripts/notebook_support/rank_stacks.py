@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from machinery.output_paths import REPO
+from kit.output_paths import REPO
 
 FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)$")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # a terminal's colour codes

@@ -25,8 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machinery.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F401 (the notebooks' ports come from here)
-from machinery.output_paths import REPO, display_path, output_dir
+from kit.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F401 (the notebooks' ports come from here)
+from kit.output_paths import REPO, display_path, output_dir
 
 SCRIPTS = REPO / "scripts"
 # Where the notebooks' runs write: results/ and checkpoints/ under the course directory, or under

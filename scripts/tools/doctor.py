@@ -42,8 +42,9 @@ import torch
 import torch.distributed as dist
 
 from lesson import process
-from machinery import cli, launch_checks
-from machinery.errors import CourseError
+from kit import launch_checks
+from machinery import cli
+from kit.errors import CourseError
 from tools import launch
 
 

@@ -30,7 +30,7 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 NAMES = ["mnist", "cifar10", "hymenoptera", "resnet18-weights"]
 # The ants and bees as PyTorch's transfer-learning tutorial downloads them.
 HYMENOPTERA_URL = "https://download.pytorch.org/tutorial/hymenoptera_data.zip"
-HYMENOPTERA_FOLDER = "hymenoptera_data"  # what the zip file holds; machinery/datasets.py reads it there
+HYMENOPTERA_FOLDER = "hymenoptera_data"  # what the zip file holds; kit/datasets.py reads it there
 
 
 def resnet18_weights_url():

@@ -177,7 +177,7 @@ def print_outcome(outcome):
 
 def environment():
     info = {"hardware": common.hardware(), "tf32": None}
-    from machinery import mfu
+    from kit import mfu
 
     info["tf32"] = mfu.tf32_settings()
     info["peaks"] = {name: {p: mfu.gpu_peak_tflops(name, p) for p in ("fp32", "tf32", "bf16")}

@@ -564,7 +564,7 @@ def main(argv=None, env=None):
     if plan.max_restarts > 0:
         # torch 2.14's torchrun hands a restarted group the store of the failed attempt, and a
         # worker can then read a dead peer's address (pytorch/pytorch#167288): a fresh store for
-        # each attempt instead (machinery.launch_checks.FRESH_STORE_PER_ATTEMPT).
+        # each attempt instead (kit.launch_checks.FRESH_STORE_PER_ATTEMPT).
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     print(f"launch.py: exec {shlex.join(command)}", file=sys.stderr, flush=True)
     sys.stdout.flush()

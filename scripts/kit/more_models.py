@@ -99,7 +99,7 @@ def classes(args):
 
 
 def with_sync_batchnorm(model, args):
-    """With ``--sync-bn``, the model's BatchNorm layers become SyncBatchNorm (machinery/sync_batchnorm.py):
+    """With ``--sync-bn``, the model's BatchNorm layers become SyncBatchNorm (kit/sync_batchnorm.py):
     PyTorch's when the run will use a GPU, the course's CPU version otherwise."""
     if not getattr(args, "sync_bn", False):
         return model
