@@ -49,8 +49,7 @@ def add_arguments(parser):
     parser.add_argument("--mode", choices=list(AVERAGE_GRADIENTS), default="bucket", help="how gradients are averaged")
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runtime = process.this_process(args)
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)  # before init: NCCL and this process's tensors use this GPU
@@ -62,11 +61,12 @@ def main(argv=None):
     # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
-    optimizer, scheduler = loop.make_optimizer(model, args, batches)
+    optimizer, scheduler = loop.make_optimizer(model, args, batches, runtime)
     average_gradients = AVERAGE_GRADIENTS[args.mode]
     trainer = loop.Trainer(model, optimizer, scheduler, batches, test_set, runtime, args,
                            after_backward=lambda: average_gradients(model),
                            callbacks=job.callbacks("step2_allreduce", args, runtime))
+    trainer.start()  # the outputs checked; with --resume, or after a restart, the newest checkpoint loaded
     for epoch in trainer.epochs():
         sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
         trainer.train_epoch(epoch)
@@ -75,4 +75,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)  # parses the flags once, then calls main(args)

@@ -13,8 +13,7 @@ from lesson import data, loop, models, process
 from machinery import cli, job  # flags, checkpoints, records: a learner may skip them
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__)
+def main(args):
     runtime = process.this_process(args, single_process=True)
     train_set, test_set = data.load_datasets(args.dataset, args.data_dir)
     model = models.build_model(args).to(runtime.device)
@@ -27,13 +26,14 @@ def main(argv=None):
     sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     # The batch is per GPU, as in the later steps: each step sees gpus x batch.
     batches = data.train_batches(train_set, sampler, args.batch_size * max(gpus, 1), args, runtime.device)
-    optimizer, scheduler = loop.make_optimizer(model, args, batches)
+    optimizer, scheduler = loop.make_optimizer(model, args, batches, runtime)
     trainer = loop.Trainer(model, optimizer, scheduler, batches, test_set, runtime, args,
                            callbacks=job.callbacks("step3_data_parallel", args, runtime))
+    trainer.start()  # the outputs checked; with --resume, or after a restart, the newest checkpoint loaded
     for epoch in trainer.epochs():
         trainer.train_epoch(epoch)
     trainer.finish()
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__)  # parses the flags once, then calls main(args)

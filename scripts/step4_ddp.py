@@ -13,8 +13,7 @@ from lesson import data, loop, models, process
 from machinery import cli, job  # flags, checkpoints, records: a learner may skip them
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__)
+def main(args):
     runtime = process.this_process(args)
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)  # before init: NCCL and this process's tensors use this GPU
@@ -27,9 +26,10 @@ def main(argv=None):
     # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
-    optimizer, scheduler = loop.make_optimizer(model, args, batches)
+    optimizer, scheduler = loop.make_optimizer(model, args, batches, runtime)
     trainer = loop.Trainer(model, optimizer, scheduler, batches, test_set, runtime, args,
                            callbacks=job.callbacks("step4_ddp", args, runtime))
+    trainer.start()  # the outputs checked; with --resume, or after a restart, the newest checkpoint loaded
     for epoch in trainer.epochs():
         sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
         trainer.train_epoch(epoch)
@@ -38,4 +38,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__)  # parses the flags once, then calls main(args)

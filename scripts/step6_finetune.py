@@ -44,8 +44,7 @@ def add_arguments(parser):
                         help="head: train the output layer alone, the rest frozen (default); all: train every layer")
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runtime = process.this_process(args)
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)  # before init: NCCL and this process's tensors use this GPU
@@ -53,7 +52,7 @@ def main(argv=None):
     process.preflight(runtime)  # one all_reduce now: a wrong world fails here, not in step 1
     train_set, test_set = data.load_datasets(args.dataset, args.data_dir, runtime)
     with agreement.fail_together(runtime):  # weights missing on one node stop every rank with the same line
-        pretrained = finetune.read_weights(args)
+        pretrained = finetune.read_weights(args.weights)  # None: --pretrained
         model = models.build_model(args)  # a fresh head: one output per class of this data set
         finetune.load_all_but_head(model, pretrained, args.weights or "torchvision's ResNet-18 weights")
     finetune.freeze(model, args.finetune)  # head: requires_grad only for the output layer
@@ -67,9 +66,10 @@ def main(argv=None):
     # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
-    optimizer, scheduler = loop.make_optimizer(model, args, batches)
+    optimizer, scheduler = loop.make_optimizer(model, args, batches, runtime)
     trainer = loop.Trainer(model, optimizer, scheduler, batches, test_set, runtime, args,
                            callbacks=job.callbacks("step6_finetune", args, runtime))
+    trainer.start()  # the outputs checked; with --resume, or after a restart, the newest checkpoint loaded
     for epoch in trainer.epochs():
         sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
         trainer.train_epoch(epoch)
@@ -78,4 +78,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)  # parses the flags once, then calls main(args)

@@ -40,8 +40,7 @@ def add_arguments(parser):
     parser.set_defaults(dataset="cifar10", model="resnet18")
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runtime = process.this_process(args)
     first, second = replica_devices(runtime)
     runtime = dataclasses.replace(runtime, device=first)  # inputs, labels, loss and logits live on the first
@@ -61,9 +60,10 @@ def main(argv=None):
     # This rank's shard: every world_size-th index of one shuffle that all ranks share.
     sampler = DistributedSampler(train_set, num_replicas=runtime.world_size, rank=runtime.rank, seed=args.seed)
     batches = data.train_batches(train_set, sampler, args.batch_size, args, runtime.device)
-    optimizer, scheduler = loop.make_optimizer(model, args, batches)
+    optimizer, scheduler = loop.make_optimizer(model, args, batches, runtime)
     trainer = loop.Trainer(model, optimizer, scheduler, batches, test_set, runtime, args,
                            callbacks=job.callbacks("step6_model_parallel", args, runtime))
+    trainer.start()  # the outputs checked; with --resume, or after a restart, the newest checkpoint loaded
     for epoch in trainer.epochs():
         sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
         trainer.train_epoch(epoch)
@@ -72,4 +72,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)  # parses the flags once, then calls main(args)

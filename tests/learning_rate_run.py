@@ -33,4 +33,4 @@ def with_learning_rate_log(callbacks):
 
 if __name__ == "__main__":
     job.callbacks = with_learning_rate_log(job.callbacks)  # step4_ddp.py calls job.callbacks(...) by this name
-    cli.run(step4_ddp.main)
+    cli.run(step4_ddp.main, description=step4_ddp.__doc__)

@@ -24,4 +24,4 @@ class GrowingScalerFP32(precision.Precision):
 
 if __name__ == "__main__":
     loop.Precision = GrowingScalerFP32  # the Trainer builds its Precision from this name in lesson/loop.py
-    cli.run(step1_baseline.main)
+    cli.run(step1_baseline.main, description=step1_baseline.__doc__)

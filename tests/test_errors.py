@@ -87,7 +87,7 @@ def test_a_script_run_through_cli_run_writes_whole_lines_under_pythonunbuffered(
     """cli.run, which every script's main goes through, reconfigures the process's own streams
     (script_env sets PYTHONUNBUFFERED=1, as many job environments do)."""
     probe = ("import sys\nfrom machinery import cli\n"
-             "cli.run(lambda argv: print(sys.stdout.line_buffering, sys.stderr.line_buffering,"
+             "cli.run(lambda args: print(sys.stdout.line_buffering, sys.stderr.line_buffering,"
              " sys.stderr.write_through))")
     done = subprocess.run([PYTHON, "-c", probe], cwd=REPO, env=script_env(PYTHONPATH=SCRIPTS), capture_output=True,
                           text=True, timeout=300)

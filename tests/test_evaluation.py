@@ -1,5 +1,4 @@
 """Distributed evaluation counts every test sample once, whatever the world size."""
-import argparse
 import datetime
 
 import pytest
@@ -22,7 +21,7 @@ def odd_test_set():
 def trained_a_little():
     """A model with a loss well below chance, so a double count would show in the metrics."""
     torch.manual_seed(0)
-    model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
+    model = models.Net(dropout=False)
     train, _ = data.load_datasets("mnist5k", DEFAULT_DATA_DIR)
     images, labels = datasets.as_tensors(Subset(train, range(256)))
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -37,7 +36,7 @@ def cpu_runtime(rank, world_size, backend):
 
 
 def evaluate_on_rank(rank, world_size, state):
-    model = models.build_model(argparse.Namespace(model="net", dropout=False, seed=0))
+    model = models.Net(dropout=False)
     model.load_state_dict(state)
     runtime = cpu_runtime(rank, world_size, "gloo")
     return loop.evaluate(model, loop.TestSet(odd_test_set(), runtime), runtime, batch_size=100)

@@ -151,7 +151,7 @@ def rank_1_waiting_in_the_meeting(agent_store):
     """Rank 1 as a process of its own, through cli.run, once it waits in the meeting for a rank 0 that never
     comes (--timeout 3: its wait is START_WAIT_S, 300 s)."""
     code = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); from machinery import cli; "
-            "cli.run(lambda argv: None, ['--timeout', '3', '--grace-period', '30'])")
+            "cli.run(lambda args: None, ['--timeout', '3', '--grace-period', '30'])")
     rank = subprocess.Popen([PYTHON, "-c", code], cwd=REPO, env=script_env(**RANK_1_OF_2, MASTER_PORT=agent_store.port),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checked_in = time.monotonic() + 120  # a hang guard: importing torch on a busy machine

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from helpers import (PYTHON, REPO, RESUMABLE_RUN, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights,
                      run_outputs, run_python, run_torchrun, saved_weights, script_env, torchrun_command)
 from kit import checkpoints, launch_checks
-from machinery import cli, graceful_stop
+from machinery import cli, graceful_stop, signals, walltime
 from kit.errors import CourseError
 from notebook_support import rank_stacks
 
@@ -207,7 +207,7 @@ def test_a_grace_period_shorter_than_a_checkpoint_is_one_line_before_training(tm
 
 @pytest.mark.parametrize("value", ["soon", "1:2:3:4", "0"])
 def test_a_stop_after_that_is_not_a_duration_is_refused_by_the_parser(value, capsys):
-    """The scripts' own parser (cli.parse_args, the first line of every main), here in this process: argparse's
+    """The scripts' own parser (cli.parse_args, which cli.run calls before main), here in this process: argparse's
     usage line and status 2, never the duration's ValueError as a traceback. A refusal by a launched script is
     checked below (--start-over with --resume)."""
     with pytest.raises(SystemExit) as refused:
@@ -216,8 +216,8 @@ def test_a_stop_after_that_is_not_a_duration_is_refused_by_the_parser(value, cap
 
 
 def test_durations_read_as_a_scheduler_writes_them():
-    assert [graceful_stop.duration(text) for text in ("90", "1:30", "01:30:00", "0:00:05")] == [90, 90, 5400, 5]
-    assert graceful_stop.clock(5400) == "1:30:00"
+    assert [walltime.duration(text) for text in ("90", "1:30", "01:30:00", "0:00:05")] == [90, 90, 5400, 5]
+    assert walltime.clock(5400) == "1:30:00"
 
 
 # ---------------------------------------------------------------- starting over on purpose
@@ -265,7 +265,7 @@ def test_a_stuck_process_ends_itself_after_sigterm(tmp_path):
     """SIGTERM reaches a process that cannot stop (stalled after step 2 for ten minutes): it ends itself
     (SIGALRM), as SIGTERM alone would have ended it, 10 s on without --grace-period (torchrun would wait 30 s
     before its SIGKILL, and only then restart the group). torch's threads may be handed the signal instead of the
-    sleeping main thread; the alarm is armed all the same (graceful_stop.watch_for_sigterm)."""
+    sleeping main thread; the alarm is armed all the same (signals.watch_for_sigterm)."""
     command = [PYTHON, str(SCRIPTS / "step1_baseline.py"), *map(str, RUN), *map(str, run_outputs(tmp_path, "stuck")),
                "--fault", "stall", "--fault-step", "2", "--fault-seconds", "600"]
     stuck = subprocess.Popen(command, cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -9,19 +9,19 @@ from pathlib import Path
 
 from helpers import PYTHON, REPO, assert_ok, read_json, run_python, script_env
 from kit import output_paths
-from machinery import cli
+from machinery import cli, job
 from notebook_support import runner
 
 
 def test_the_default_folders_are_the_course_directorys_unless_course_output_dir_names_another(tmp_path, monkeypatch):
     monkeypatch.delenv("COURSE_OUTPUT_DIR")
     assert cli.default_results_dir() == REPO / "results"
-    assert cli.default_checkpoint_dir("step4_ddp") == REPO / "checkpoints" / "step4_ddp"
-    assert cli.default_checkpoint_dir("step4_ddp", "mine") == REPO / "checkpoints" / "mine"
+    assert job.checkpoint_folder("step4_ddp") == REPO / "checkpoints" / "step4_ddp"
+    assert job.checkpoint_folder("step4_ddp", run_name="mine") == REPO / "checkpoints" / "mine"
     assert cli.build_parser("").parse_args([]).results_dir == REPO / "results"
     monkeypatch.setenv("COURSE_OUTPUT_DIR", str(tmp_path))
     assert cli.default_results_dir() == tmp_path / "results"
-    assert cli.default_checkpoint_dir("step4_ddp", "mine") == tmp_path / "checkpoints" / "mine"
+    assert job.checkpoint_folder("step4_ddp", run_name="mine") == tmp_path / "checkpoints" / "mine"
     assert cli.build_parser("").parse_args([]).results_dir == tmp_path / "results"
     assert "COURSE_OUTPUT_DIR=FOLDER" in cli.build_parser("").format_help()
 

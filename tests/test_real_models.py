@@ -5,7 +5,6 @@ CIFAR-10 cannot be downloaded here. The tests write its files in its own format
 (tests/data_makers.py says how, and why torchvision's md5 check is replaced for them and
 nothing else), and the synthetic-cifar10 data set covers the same shapes in memory.
 """
-import argparse
 import subprocess
 
 import pytest
@@ -135,7 +134,8 @@ def test_every_model_returns_logits_not_probabilities(name):
     softmax or log_softmax would have it applied twice. Logits take either sign, and their
     rows neither sum to 1 nor do their exponentials."""
     channels, height, width = more_models.INPUTS[name]
-    model = models.build_model(argparse.Namespace(model=name, dropout=True, seed=0)).eval()
+    torch.manual_seed(0)
+    model = models.MODELS[name](dropout=True).eval()
     images = torch.randn(8, channels, height or 32, width or 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         output = model(images)

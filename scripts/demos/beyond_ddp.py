@@ -374,8 +374,7 @@ DEMOS = {"overlap": demo_overlap, "accumulate": demo_accumulate, "syncbn": demo_
          "no-join": demo_no_join, "zero": demo_zero, "fsdp": demo_fsdp}
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     if args.micro_batches < 1:
         raise CourseError("--micro-batches must be 1 or more")
     runtime = runner.setup(args)
@@ -385,4 +384,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)

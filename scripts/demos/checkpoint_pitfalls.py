@@ -109,8 +109,7 @@ def steps_read(steps):
 DEMOS = {"every-rank-saves": demo_every_rank_saves, "no-barrier": demo_no_barrier}
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runtime = runner.setup(args)
     if runtime.is_main:
         args.folder.mkdir(parents=True, exist_ok=True)
@@ -119,4 +118,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)

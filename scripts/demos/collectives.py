@@ -209,8 +209,7 @@ def write_json(path, record):
         path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     runtime = runner.setup(args)  # the training scripts' set-up, pre-flight included
     rank, local_rank, world_size, local_world_size = process.process_layout()
     device = runtime.device
@@ -243,4 +242,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, parse=parse_args)

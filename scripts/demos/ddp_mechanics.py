@@ -242,10 +242,9 @@ DEMOS = {"devices": demo_devices, "broadcast": demo_broadcast, "buckets": demo_b
          "unused": demo_unused, "prefix": demo_prefix}
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runner.run_demos(runner.setup(args), args, DEMOS)
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)

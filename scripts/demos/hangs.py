@@ -182,8 +182,7 @@ DEMOS = {"shapes": demo_shapes, "ops": demo_ops, "skip": demo_skip, "skip-then-b
          "uneven": demo_uneven, "uneven-then-barrier": demo_uneven_then_barrier}
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     runtime = runner.setup(args)
     try:
         runner.run_demos(runtime, args, DEMOS)
@@ -194,4 +193,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, parse=parse_args)

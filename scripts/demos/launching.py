@@ -89,8 +89,7 @@ def wait_for_everyone(rank, timeout):
     return int(ones.item())
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     env = torchrun_environment()
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     if args.fail_first_attempt == rank and env["TORCHELASTIC_RESTART_COUNT"] == "0":
@@ -124,4 +123,4 @@ def spawned_worker(rank, world_size, port, record):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, parse=parse_args)

@@ -114,8 +114,7 @@ def report(table, spreads, args, world_size):
         print(f"{method:<15}{row['gradient_step1']:>15.1e}{row['weights_per_step'][-1]:>15.1e}{spreads[method]:>13.1e}")
 
 
-def main(argv=None):
-    args = cli.parse_args(argv, description=__doc__, add_arguments=add_arguments)
+def main(args):
     runtime = runner.setup(args)
     train_set, _ = data.load_datasets(args.dataset, args.data_dir)
     if len(train_set) < args.steps * args.batch_size * runtime.world_size:
@@ -139,4 +138,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, description=__doc__, add_arguments=add_arguments)

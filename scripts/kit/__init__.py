@@ -1,4 +1,4 @@
-"""The kit the lesson stands on: what the training loop is made of besides the lesson's own lines. A learner
+"""The kit the lesson stands on: what the training loop is made of besides the lesson's own lines. Kit: a learner
 may skip this module, and every module here.
 
 Imports run one way: the step scripts -> ``machinery`` (what a job adds around the loop) -> ``lesson`` -> ``kit``.

@@ -1,4 +1,4 @@
-"""The checkpoint file: what it holds, written atomically, read back exactly. Machinery: a learner may skip
+"""The checkpoint file: what it holds, written atomically, read back exactly. Kit: a learner may skip
 this module (notebook 05 teaches it).
 
 A checkpoint is one file, ``checkpoint-<global step>.pt`` in the run's checkpoint

@@ -1,5 +1,5 @@
 """The data sets ``--dataset`` names, read from disk with one-line errors, and the DataLoader route.
-Machinery: a learner may skip this module (the lesson needs only that they are torchvision data sets).
+Kit: a learner may skip this module (the lesson needs only that they are torchvision data sets).
 
     --dataset mnist5k             4,000 + 1,000 MNIST digits, bundled (1x28x28)
     --dataset mnist               the full MNIST (tools/download_data.py mnist)
@@ -262,12 +262,12 @@ class SkippingSampler(Sampler):
 class LoaderBatches:
     """The DataLoader route: per-sample transforms, worker processes, pinned memory."""
 
-    def __init__(self, dataset, sampler, batch_size, args):
+    def __init__(self, dataset, sampler, batch_size, workers=0, pin_memory=False):
         self.dataset, self.sampler, self.batch_size = dataset, sampler, batch_size
         self.skipping = SkippingSampler(sampler)
         self.loader = DataLoader(
             dataset, batch_size=batch_size, sampler=self.skipping,
-            num_workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.workers > 0,
+            num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0,
         )
 
     def __len__(self):

@@ -1,4 +1,4 @@
-"""How a problem the user can fix reaches them. Machinery: a learner may skip this module.
+"""How a problem the user can fix reaches them. Kit: a learner may skip this module.
 
 A ``CourseError`` is printed as one line that names the fix, with exit status 1 (``cli.run``),
 never as a traceback.

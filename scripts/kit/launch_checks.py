@@ -1,4 +1,4 @@
-"""What can be wrong with how a process was started, said in one line. Machinery: a learner may skip this module.
+"""What can be wrong with how a process was started, said in one line. Kit: a learner may skip this module.
 
 - torchrun's variables: all of them or none, whole numbers, consistent with each other; without any, a
   plain ``python`` run gets what torchrun would set for one process;

@@ -1,4 +1,4 @@
-"""The learning rate when the global batch grows: ``--lr-scaling`` and ``--warmup-steps``. Machinery: a
+"""The learning rate when the global batch grows: ``--lr-scaling`` and ``--warmup-steps``. Kit: a
 learner may skip this module (notebooks 02, 04 and 06 teach what it does).
 
 ``--batch-size`` is per process. With N processes and ``--accumulate K``, one optimizer step averages the
@@ -17,22 +17,16 @@ with momentum; for Adam and Adadelta it is a starting point to check against the
 ``--lr-scaling none`` (the default) keeps the rate as given. To keep the training itself unchanged instead,
 hold the global batch: ``--batch-size 64/N`` on N processes, or ``--accumulate N`` on one.
 """
-import torch.distributed as dist
 from torch.optim.lr_scheduler import StepLR
 
-def global_batch(args, batches):
-    """The images of one optimizer step, over every process: the batch of this process's batches (per GPU
-    times the GPUs for DataParallel) x the processes x --accumulate."""
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return batches.batch_size * world_size * args.accumulate
 
-
-def scaling_factor(args, batches):
-    """k of the linear rule: the global batch over --batch-size (1 without --lr-scaling linear, or without
-    ``batches``: demos and checks that build an optimizer alone)."""
-    if batches is None or args.lr_scaling == "none":
+def scaling_factor(lr_scaling, global_batch, batch_size):
+    """k of the linear rule: ``global_batch``, the images of one optimizer step over every process (this process's
+    batch, per GPU times the GPUs for DataParallel, x the processes x --accumulate), over --batch-size. 1 without
+    --lr-scaling linear, or without a global batch (demos and checks that build an optimizer alone)."""
+    if global_batch is None or lr_scaling == "none":
         return 1.0
-    return global_batch(args, batches) / args.batch_size
+    return global_batch / batch_size
 
 
 class WarmupStepLR(StepLR):
@@ -55,21 +49,16 @@ class WarmupStepLR(StepLR):
         return start + (1.0 - start) * self.last_epoch / self.warmup_steps
 
 
-def schedule(optimizer, steps_per_epoch, args, factor):
-    """The schedule make_optimizer returns: the --gamma decay once an epoch, after any warm-up. With
-    --lr-scaling linear, rank 0 says which rate the rule gave."""
-    if factor != 1 and args.warmup_steps:
-        scheduler = WarmupStepLR(optimizer, steps_per_epoch, args.gamma, factor, args.warmup_steps)
-    else:
-        scheduler = StepLR(optimizer, step_size=steps_per_epoch, gamma=args.gamma)
-    if getattr(args, "lr_scaling", "none") == "linear" and (not dist.is_initialized() or dist.get_rank() == 0):
-        print(describe(scheduler.base_lrs[0], factor, args), flush=True)
-    return scheduler
+def schedule(optimizer, steps_per_epoch, gamma, factor, warmup_steps):
+    """The schedule make_optimizer returns: the --gamma decay once an epoch, after any warm-up."""
+    if factor != 1 and warmup_steps:
+        return WarmupStepLR(optimizer, steps_per_epoch, gamma, factor, warmup_steps)
+    return StepLR(optimizer, step_size=steps_per_epoch, gamma=gamma)
 
 
-def describe(rate, factor, args):
+def describe(rate, factor, batch_size, warmup_steps):
     """'learning rate 0.004 = 2 x 0.002 (--lr-scaling linear: global batch 128 / --batch-size 64), ...'."""
     base = rate / factor
-    warmup = f", reached after {args.warmup_steps} warm-up steps from {base:g}" if factor != 1 and args.warmup_steps else ""
+    warmup = f", reached after {warmup_steps} warm-up steps from {base:g}" if factor != 1 and warmup_steps else ""
     return (f"learning rate {rate:g} = {factor:g} x {base:g} (--lr-scaling linear: global batch "
-            f"{factor * args.batch_size:g} / --batch-size {args.batch_size}){warmup}")
+            f"{factor * batch_size:g} / --batch-size {batch_size}){warmup}")

@@ -1,5 +1,5 @@
 """Model FLOP utilisation (MFU): the share of the hardware's peak that training turns into model arithmetic.
-Machinery: a learner may skip this module (notebooks 01 and 08 explain MFU).
+Kit: a learner may skip this module (notebooks 01 and 08 explain MFU).
 
     MFU = samples/s x FLOPs per sample / (peak FLOP/s per device x devices per process x processes)
 

@@ -1,4 +1,4 @@
-"""The models beyond the Net: with BatchNorm, and ResNet-18 two ways. Machinery: a learner may skip this module (notebooks 06 and 07 use these models).
+"""The models beyond the Net: with BatchNorm, and ResNet-18 two ways. Kit: a learner may skip this module (notebooks 06 and 07 use these models).
 
     --model net-bn           the Net with BatchNorm, for SyncBatchNorm (1x28x28 images)
     --model resnet18         torchvision's ResNet-18 (colour images, any size)
@@ -71,13 +71,11 @@ MODELS = {"net-bn": NetBN, "resnet18": resnet18, "resnet18-cifar": resnet18_cifa
 INPUTS = {"net": (1, 28, 28), "net-bn": (1, 28, 28), "resnet18": (3, None, None), "resnet18-cifar": (3, None, None)}
 
 
-def check_choice(args):
+def check_choice(model, dataset):
     """A one-line error for a model the course does not have, or one that cannot take the data set's images."""
-    if args.model not in INPUTS:
-        raise CourseError(f"unknown --model {args.model!r}; choose one of: {', '.join(INPUTS)}")
-    dataset = getattr(args, "dataset", None)  # the demos build the Net from just model, dropout and seed
-    if dataset is not None:
-        check_fits(args.model, dataset)
+    if model not in INPUTS:
+        raise CourseError(f"unknown --model {model!r}; choose one of: {', '.join(INPUTS)}")
+    check_fits(model, dataset)
 
 
 def check_fits(model, dataset):
@@ -92,16 +90,10 @@ def check_fits(model, dataset):
                       f"use --model {' or '.join(fitting)} for it")
 
 
-def classes(args):
-    """One output per class of ``--dataset`` (an ImageFolder: its class folders); 10 without a data set."""
-    dataset = getattr(args, "dataset", None)
-    return 10 if dataset is None else datasets.num_classes(dataset, args.data_dir)
-
-
-def with_sync_batchnorm(model, args):
+def with_sync_batchnorm(model, name, sync_bn, device):
     """With ``--sync-bn``, the model's BatchNorm layers become SyncBatchNorm (kit/sync_batchnorm.py):
-    PyTorch's when the run will use a GPU, the course's CPU version otherwise."""
-    if not getattr(args, "sync_bn", False):
+    PyTorch's when the run will use a GPU (``device``, as --device gives it), the course's CPU version otherwise."""
+    if not sync_bn:
         return model
-    on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    return sync_batchnorm.convert(model, args.model, on_gpu=on_gpu)
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return sync_batchnorm.convert(model, name, on_gpu=on_gpu)

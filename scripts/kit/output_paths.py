@@ -1,4 +1,4 @@
-"""Where a run writes, and how the course shows a path. Machinery: a learner may skip this module.
+"""Where a run writes, and how the course shows a path. Kit: a learner may skip this module.
 
 A run must never train for an hour and then lose its result because a folder was a file or could
 not be written: the folders are checked before training.

@@ -1,5 +1,5 @@
 """``--precision``: autocast for the forward pass and the loss; for fp16, a gradient scaler.
-Machinery: a learner may skip this module (notebook 07 teaches it).
+Kit: a learner may skip this module (notebook 07 teaches it).
 
 bf16 keeps fp32's exponent range, so its gradients need no scaling; fp16's small
 gradients underflow to zero unless the loss is scaled up first (GradScaler).

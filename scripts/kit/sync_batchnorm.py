@@ -1,4 +1,4 @@
-"""SyncBatchNorm: BatchNorm with the statistics of the global batch (``--sync-bn``). Machinery: a learner may skip this module (notebook 07 teaches it).
+"""SyncBatchNorm: BatchNorm with the statistics of the global batch (``--sync-bn``). Kit: a learner may skip this module (notebook 07 teaches it).
 
 In training, BatchNorm normalises every channel with the mean and variance of the batch in
 front of it. Under data parallelism that batch is this rank's shard: with 32 images per

@@ -1,5 +1,5 @@
 """``--dataset synthetic-cifar10``: images of CIFAR-10's shape, made up in memory (read by ``datasets.py``, which
-imports this module only when the data set is asked for). Machinery: a learner may skip this module."""
+imports this module only when the data set is asked for). Kit: a learner may skip this module."""
 import torch
 from torchvision import datasets
 

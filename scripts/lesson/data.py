@@ -60,7 +60,7 @@ def train_batches(dataset, sampler, batch_size, args, device):
     """The training batches of this process, by the route ``--loader`` names."""
     if args.loader == "tensor":
         return TensorBatches(dataset, sampler, batch_size, device, augment=datasets.batch_augmentation(args.dataset))
-    return datasets.LoaderBatches(dataset, sampler, batch_size, args)
+    return datasets.LoaderBatches(dataset, sampler, batch_size, args.workers, args.pin_memory)
 
 
 def epoch_seed(seed, epoch, rank):

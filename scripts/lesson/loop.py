@@ -25,12 +25,14 @@ from .models import unwrap
 DEFAULT_LR = {"adadelta": 1.0, "adam": 2e-3, "sgd": 0.05}
 
 
-def make_optimizer(model, args, batches=None):
+def make_optimizer(model, args, batches=None, runtime=None):
     """The optimizer and its learning-rate schedule, which the Trainer steps after every optimizer step:
     the pytorch/examples recipe's decay by --gamma once an epoch, counted in steps (without ``batches``:
     once per ``scheduler.step()``). A schedule that changes every step goes here, not into the loop.
     --lr-scaling linear multiplies the rate by the global batch / --batch-size, after --warmup-steps."""
-    factor = learning_rate.scaling_factor(args, batches)  # 1 unless --lr-scaling linear (machinery)
+    world_size, is_main = (runtime.world_size, runtime.is_main) if runtime else (1, True)
+    global_batch = None if batches is None else batches.batch_size * world_size * args.accumulate  # a step's images
+    factor = learning_rate.scaling_factor(args.lr_scaling, global_batch, args.batch_size)  # 1 unless --lr-scaling linear
     lr = (args.lr or DEFAULT_LR[args.optimizer]) * factor
     if args.optimizer == "adadelta":
         optimizer = optim.Adadelta(model.parameters(), lr=lr)
@@ -39,7 +41,9 @@ def make_optimizer(model, args, batches=None):
     else:
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     steps = 1 if batches is None else steps_per_epoch(batches, args)
-    return optimizer, learning_rate.schedule(optimizer, steps, args, factor)  # StepLR, after any warm-up
+    if args.lr_scaling == "linear" and is_main:
+        print(learning_rate.describe(lr, factor, args.batch_size, args.warmup_steps), flush=True)
+    return optimizer, learning_rate.schedule(optimizer, steps, args.gamma, factor, args.warmup_steps)
 
 
 def steps_per_epoch(batches, args):
@@ -86,6 +90,7 @@ class Trainer:
         self.runtime, self.args, self.after_backward, self.callbacks = runtime, args, after_backward, list(callbacks)
         self.precision = Precision(args.precision, runtime.device)  # --precision: autocast, and fp16's scaler
         self.epoch, self.batches_done, self.global_step = 1, 0, 0  # where the run stands
+        self.started = False
         self.loss_sum, self.samples = 0.0, 0  # this rank's, over the epoch so far
         torch.manual_seed(args.seed + runtime.rank)  # each rank its own dropout masks
         self.test_set = TestSet(test_set, runtime)
@@ -94,9 +99,15 @@ class Trainer:
         for callback in self.callbacks:
             getattr(callback, point)(self, *details)
 
+    def start(self):
+        """Before the first epoch, the callbacks check the outputs and may resume: with --resume, or in a group
+        torchrun restarted, the weights, optimizer and position come back from a checkpoint (machinery/resume.py)."""
+        self.notify("on_train_start")
+        self.started = True
+
     def epochs(self):
         """The epochs still to train: all of them, or from where a resumed run stopped."""
-        self.notify("on_train_start")
+        assert self.started, "call trainer.start() before trainer.epochs(): it decides where the run starts"
         return range(self.epoch, self.args.epochs + 1)
 
     def train_epoch(self, epoch):

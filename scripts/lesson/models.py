@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit import more_models
+from kit import datasets, more_models
 
 
 class Net(nn.Module):
@@ -38,10 +38,10 @@ MODELS = {"net": Net, **more_models.MODELS}
 def build_model(args):
     """The model ``--model`` names, with an output per class of ``--dataset``, initialised
     from ``--seed``: the same weights on every rank."""
-    more_models.check_choice(args)  # a known model that takes the data set's images: else one line
+    more_models.check_choice(args.model, args.dataset)  # a known model that takes the data set's images: else one line
     torch.manual_seed(args.seed)
-    model = MODELS[args.model](dropout=args.dropout, num_classes=more_models.classes(args))
-    return more_models.with_sync_batchnorm(model, args)  # --sync-bn only
+    model = MODELS[args.model](dropout=args.dropout, num_classes=datasets.num_classes(args.dataset, args.data_dir))
+    return more_models.with_sync_batchnorm(model, args.model, args.sync_bn, args.device)  # --sync-bn only
 
 
 def unwrap(model):

@@ -8,6 +8,9 @@ from pathlib import Path
 from kit.errors import CourseError, first_line
 from kit.output_paths import OUTPUT_DIR_VARIABLE, REPO, output_dir
 
+from . import signals
+from .walltime import duration
+
 DEFAULT_DATA_DIR = REPO / "data"
 OUTPUT_HELP = f"""environment:
   {OUTPUT_DIR_VARIABLE}=FOLDER  the default results/ and checkpoints/ go under FOLDER instead of the course
@@ -18,12 +21,6 @@ OUTPUT_HELP = f"""environment:
 def default_results_dir():
     """Where a run's JSON record goes without --results-dir: results/ in the output folder."""
     return output_dir() / "results"
-
-
-def default_checkpoint_dir(script, run_name=None):
-    """Where a run's checkpoints go without --checkpoint-dir: checkpoints/<run name, else script name>/ in the
-    output folder."""
-    return output_dir() / "checkpoints" / (run_name or script)
 
 
 def positive_int(text):
@@ -41,8 +38,6 @@ def positive_float(text):
 
 
 def time_budget(text):
-    from .graceful_stop import duration
-
     try:
         return duration(text)
     except ValueError as error:
@@ -180,23 +175,26 @@ def parse_args(argv=None, description=None, add_arguments=None):
     return args
 
 
-def run(main, argv=None):
-    """Run a script's ``main`` so that a CourseError, or a collective that failed, is one line on stderr
-    and exit status 1, never a traceback. Before it: a printed line leaves in one write (write_whole_lines), signals
-    only ask for a graceful stop (graceful_stop.py), the ranks meet before init_process_group (launch_checks.py)."""
+def run(main, argv=None, *, description=None, add_arguments=None, parse=None):
+    """Parse the flags once, then run ``main(args)`` so that a CourseError, or a collective that failed, is one
+    line on stderr and exit status 1, never a traceback. ``parse(argv)`` is the script's own parser, if it has
+    one; else the shared flags (``parse_args``) with ``description`` and ``add_arguments``. Before ``main``: a
+    printed line leaves in one write (write_whole_lines), signals only ask for a graceful stop (signals.py),
+    the ranks meet before init_process_group (kit/launch_checks.py)."""
     import torch.distributed as dist
 
     from kit import launch_checks
-    from . import graceful_stop, stragglers
 
-    words = sys.argv[1:] if argv is None else argv
+    from . import stragglers
+
     write_whole_lines()
-    graceful_stop.install_handlers(grace=number_in(words, "--grace-period", float, None))
+    args = parse(argv) if parse else parse_args(argv, description=description, add_arguments=add_arguments)
+    signals.install_handlers(grace=getattr(args, "grace_period", None))  # a script's own parser may not have it
     try:
-        launch_checks.meet_before_init(number_in(words, "--timeout", int, 300), graceful_stop.stop_signal)
-        main(argv)
-    except graceful_stop.Stopped as stopped:
-        graceful_stop.finish(stopped)
+        launch_checks.meet_before_init(args.timeout, signals.stop_signal)
+        main(args)
+    except signals.Stopped as stopped:
+        signals.finish(stopped)
     except CourseError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -245,18 +243,3 @@ def is_collective_failure(error):
     from . import stragglers
 
     return stragglers.is_collective_failure(error) or "Application timeout caused pair closure" in str(error)
-
-
-def number_in(argv, flag, kind, default):
-    """The value of ``flag`` on a command line (``default`` without one, or where it is not a positive number:
-    the script's own parser says so), before the script parses the rest."""
-    for index, word in enumerate(argv):
-        text = word.partition("=")[2] if word.startswith(f"{flag}=") else (
-            argv[index + 1] if word == flag and index + 1 < len(argv) else None)
-        if text is not None:
-            try:
-                value = kind(text)
-            except ValueError:
-                return default
-            return value if value > 0 else default
-    return default

@@ -4,7 +4,8 @@ follows. Machinery: a learner may skip this module (notebook 05 runs the drills)
     torchrun --nproc-per-node=2 --max-restarts=1 scripts/step4_ddp.py --fault kill --fault-rank 1 --fault-step 20
     torchrun --nproc-per-node=2 scripts/step4_ddp.py --fault sigterm --fault-step 20
 
-Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer. A drill strikes
+Each drill wraps what it breaks: a step (a callback after it) or the checkpoint writer (job.py hands the
+checkpointing callback the writer ``checkpoint_writer`` returns). A drill strikes
 only in a run's first attempt (torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset): after torchrun
 restarts the group, training goes on past the same step. ``sigterm`` and ``sigint`` stop a run the way
 a scheduler (SIGTERM) and Ctrl-C (SIGINT) do: the rank sends the signal to torchrun, which passes it on to
@@ -15,6 +16,7 @@ every attempt but the last one torchrun's --max-restarts allows, each one step l
 before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
 is SIGKILL, as the kernel's out-of-memory killer sends it.
 """
+import functools
 import os
 import signal
 import sys
@@ -23,17 +25,24 @@ import time
 from lesson.loop import Callback
 
 from kit import checkpoints
-from . import graceful_stop
 from kit.launch_checks import first_attempt, restart_count
 
+from . import signals
 
-def drills(args, runtime, checkpointing):
-    """The drill ``--fault`` asks for, as callbacks (none without it)."""
-    if args.fault is None:
+
+def drills(args, runtime):
+    """The drill ``--fault`` asks for that strikes after a step, as callbacks (none without it)."""
+    if args.fault is None or args.fault == "crash-in-save":
         return []
-    if args.fault == "crash-in-save":
-        return [CrashWhileSaving(args, runtime, checkpointing)]
     return [StrikeAfterStep(args, runtime)]
+
+
+def checkpoint_writer(args, runtime):
+    """What writes a checkpoint file: the atomic write, or on rank 0 under ``--fault crash-in-save`` the same
+    write that dies halfway through the file at or after step --fault-step."""
+    if args.fault != "crash-in-save" or not runtime.is_main:
+        return checkpoints.write_atomically
+    return functools.partial(write_or_crash, args, checkpoints.write_atomically)
 
 
 def strike_step(args):
@@ -77,29 +86,20 @@ class StrikeAfterStep(Callback):
               f"after step {step}", flush=True)
         os.kill(os.getppid() if to_torchrun else os.getpid(), number)
         deadline = time.monotonic() + self.timeout
-        while number not in graceful_stop.received and time.monotonic() < deadline:
+        while number not in signals.received and time.monotonic() < deadline:
             time.sleep(0.01)  # torchrun passes it on within a moment
 
 
-class CrashWhileSaving(Callback):
-    """``--fault crash-in-save``: rank 0 dies halfway through writing its first checkpoint at or after
-    step --fault-step. Wraps the checkpoint writer, which stays as it was for everything else."""
-
-    def __init__(self, args, runtime, checkpointing):
-        self.args = args
-        if runtime.is_main:
-            checkpointing.write = self.wrap(checkpointing.write)
-
-    def wrap(self, write):
-        def write_or_crash(state, path):
-            strike = strike_step(self.args)
-            if strike is None or state["global_step"] < strike:
-                return write(state, path)
-            print(f"fault drill: rank 0 dies halfway through writing {path.name}", flush=True)
-            data = checkpoints.serialize(state)
-            with open(checkpoints.temporary_path(path), "wb") as file:
-                file.write(data[: len(data) // 2])
-                file.flush()
-                os.fsync(file.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-        return write_or_crash
+def write_or_crash(args, write, state, path):
+    """``--fault crash-in-save``: half the file written and fsync'ed, then SIGKILL, as a node that dies mid-write
+    leaves it; every other checkpoint is written as usual."""
+    strike = strike_step(args)
+    if strike is None or state["global_step"] < strike:
+        return write(state, path)
+    print(f"fault drill: rank 0 dies halfway through writing {path.name}", flush=True)
+    data = checkpoints.serialize(state)
+    with open(checkpoints.temporary_path(path), "wb") as file:
+        file.write(data[: len(data) // 2])
+        file.flush()
+        os.fsync(file.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)

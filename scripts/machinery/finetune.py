@@ -30,17 +30,18 @@ def pretrained_file():
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
-def read_weights(args):
-    """The state_dict that ``--pretrained`` or ``--weights FILE`` names, on the CPU."""
-    if args.weights is not None:
-        path = Path(args.weights)
+def read_weights(weights=None):
+    """The state_dict of the file ``weights`` (--weights FILE) or, without one, torchvision's ImageNet weights
+    (--pretrained), on the CPU."""
+    if weights is not None:
+        path = Path(weights)
         fix = "check --weights (a state_dict saved with torch.save, e.g. by --save)"
     else:
         path = pretrained_file()
         fix = ("fetch them on a machine with internet: python scripts/tools/download_data.py resnet18-weights (or pass "
                "--weights FILE)")
     if not path.is_file():
-        what = f"--weights {path}" if args.weights is not None else f"torchvision's ResNet-18 weights ({path})"
+        what = f"--weights {path}" if weights is not None else f"torchvision's ResNet-18 weights ({path})"
         raise CourseError(f"{what} not found; {fix}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -10,7 +10,7 @@ Three things ask a run to stop before its last epoch:
 - a stop request: a file named ``STOP`` in the checkpoint folder (the Slurm jobs write it when the
   warning signal reaches the job shell; anyone may write it by hand).
 
-A signal only sets a flag (``install_handlers``, which ``cli.run`` calls before anything else). At every
+A signal only sets a flag (signals.py, installed by ``cli.run`` before anything else). At every
 step boundary each rank posts what it wants, and the ranks agree with one all_reduce (MAX) on a tiny
 tensor, read one step later so that the GPU never waits for it: every rank stops after the same step, and
 no rank saves a step the others did not take. The checkpointing callback writes that step's checkpoint,
@@ -20,9 +20,6 @@ one line, and the process exits: status 0 when the run was asked to stop by its 
 """
 import os
 import signal
-import socket
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,143 +34,14 @@ from kit.agreement import fail_together
 from kit.errors import CourseError
 from kit.output_paths import display_path
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-received = []  # the signals this process got, in order: a handler only appends here
-GRACE = []  # --grace-period, once known: how long after SIGTERM the scheduler sends SIGKILL
-ACTIVE = []  # the GracefulStop of this process, once a Trainer has one: how long its steps and checkpoints take
+from .signals import Stopped, received, set_stuck_after
+from .walltime import clock, job_start
 
 REQUEST_FILE = "STOP"  # in the checkpoint folder: "stop at the next step" (the Slurm jobs write it)
 NOTE_FILE = "STOPPED"  # in the checkpoint folder: "<reason> <step>", written by rank 0 after a stop
 
 # What a rank posts at a step boundary; the largest wins: a signal, then a request, then the budget.
 NOTHING, BUDGET, REQUEST, SIGNAL_BASE = 0, 1, 2, 16
-
-
-class Stopped(Exception):
-    """Raised after the stop's checkpoint is written; cli.run exits with ``status``."""
-
-    def __init__(self, status):
-        super().__init__(f"stopped with status {status}")
-        self.status = status
-
-
-def install_handlers(grace=None):
-    """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once.
-
-    SIGTERM also sets a limit: a process that has not stopped by then ends itself (SIGALRM), as SIGTERM alone
-    would have ended it. It is one second before the scheduler's SIGKILL is due, with ``grace``
-    (--grace-period): on PBS that SIGKILL reaches torchrun but not its workers, which live in sessions of
-    their own, so a worker stuck in a collective would otherwise outlive its job. Without it, the limit is
-    ``stuck_after()``: a rank stuck where no step ends (a collective whose peer died, a hung file system) is
-    not kept waiting for torchrun's SIGKILL, 30 s later, before its group can restart."""
-    GRACE[:] = [grace] if grace else []
-    for number in SIGNALS:
-        signal.signal(number, on_signal)
-    watch_for_sigterm()
-
-
-def on_signal(number, frame):
-    if number == signal.SIGINT and signal.SIGINT in received:
-        raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step to end
-    if number == signal.SIGTERM:
-        arm_alarm()  # as watch_for_sigterm's thread does: whichever comes first sets it
-    received.append(number)
-
-
-WAKEUP = []  # the socket pair of watch_for_sigterm, kept open for the life of the process
-
-
-def watch_for_sigterm():
-    """Arm the alarm the moment SIGTERM arrives, even while the main thread cannot run Python code.
-
-    Python runs ``on_signal`` in the main thread, between two bytecodes: not until a collective returns (or
-    fails at --timeout) when that thread waits inside torch's C++ for a peer that stalled, and not until a sleep
-    or other blocking call ends when the signal came just before it began. Python's own C-level handler, though,
-    writes the signal's number at once to the "wakeup fd" (signal.set_wakeup_fd); a thread of ours waits on that
-    socket and arms the alarm. It needs the GIL, which torch releases while it waits, as sleep and I/O do. A
-    process forked from this one (a DataLoader worker) stops writing to it."""
-    if WAKEUP:
-        return  # one watcher per process
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
-    WAKEUP[:] = [reader, writer]  # set_wakeup_fd keeps only the number: a closed socket's could be reused
-    signal.set_wakeup_fd(writer.fileno())
-    os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
-    threading.Thread(target=arm_alarm_on_sigterm, args=(reader,), name="sigterm-alarm", daemon=True).start()
-
-
-def arm_alarm_on_sigterm(reader):
-    while data := reader.recv(64):
-        if signal.SIGTERM in data:
-            arm_alarm()
-
-
-# Held once the alarm is set: the first SIGTERM sets it, a later one never moves it. Never waited for (it is
-# taken from a signal handler too, where waiting on a lock could deadlock).
-ALARM_ARMED = threading.Lock()
-
-
-def arm_alarm():
-    """SIGALRM, whose default action ends the process, at the limit ``install_handlers`` describes."""
-    if ALARM_ARMED.acquire(blocking=False):
-        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else stuck_after())
-
-
-def stop_signal():
-    """The name of the first signal received that ends a run (not SIGUSR1, a warning), or None."""
-    ending = [number for number in received if number != signal.SIGUSR1]
-    return signal.Signals(ending[0]).name if ending else None
-
-
-def stuck_after():
-    """Seconds after SIGTERM by which a run that is not stuck has stopped: three of its longest steps and two of
-    its longest checkpoints, and never less than 10 s."""
-    if not ACTIVE:
-        return 10
-    return max(10, int(3 * ACTIVE[-1].longest_step + 2 * ACTIVE[-1].longest_checkpoint) + 1)
-
-
-def job_start():
-    """(when the clock of --stop-after started, in words): the job's start if the job scripts said when
-    (COURSE_JOB_START, seconds since 1970), else this process's start."""
-    text = os.environ.get("COURSE_JOB_START", "")
-    try:
-        return float(text), "the job started (COURSE_JOB_START)"
-    except ValueError:
-        return process_start(), "this run started"
-
-
-def process_start():
-    """When this process started, in seconds since 1970 (Linux: /proc; elsewhere: when this module loaded)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return LOADED
-
-
-LOADED = time.time()
-
-
-def duration(text):
-    """'90', '1:30' or '1:30:00' (PBS's and Slurm's walltime formats) -> seconds."""
-    parts = text.split(":")
-    if len(parts) > 3 or not all(part.strip().isdigit() for part in parts):
-        raise ValueError(f"{text!r} is not a duration: give seconds, or [[H:]M:]S as in a walltime")
-    seconds = 0
-    for part in parts:
-        seconds = seconds * 60 + int(part)
-    if seconds <= 0:
-        raise ValueError(f"{text!r}: the duration must be positive")
-    return seconds
-
-
-def clock(seconds):
-    """3725 -> '1:02:05'."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def reason_words(code):
@@ -185,29 +53,28 @@ def reason_words(code):
 class GracefulStop(Callback):
     """Stop every rank after the same step, with a checkpoint of that step, when asked to (see above)."""
 
-    def __init__(self, args, runtime, checkpointing):
-        self.args, self.runtime, self.checkpointing = args, runtime, checkpointing
-        self.folder = checkpointing.folder
+    def __init__(self, args, runtime, checkpointing, folder):
+        self.args, self.runtime, self.checkpointing, self.folder = args, runtime, checkpointing, folder
         self.deadline = None
         if args.stop_after is not None:
             start, self.clock_start = job_start()
             self.deadline = start + args.stop_after
         self.longest_step = 0.0  # seconds between two step ends, the evaluation included at an epoch's end
-        self.longest_checkpoint = 0.0  # seconds a checkpoint took (before the first one: the estimate)
+        self.estimate = 0.0  # seconds a checkpoint would take, measured before the first one
         self.last_boundary = None
-        self.saved_step = None  # the step of the newest checkpoint this run wrote
         self.first_step = None  # where this run started (a resumed run: the checkpoint's step)
         self.posted = None  # the all_reduce in flight: (work, tensor, event)
         self.pending = NOTHING  # an agreed stop that waits for the epoch's end
-        self.save = checkpointing.save
-        checkpointing.save = self.timed_save  # every checkpoint is timed, and its step noted
-        ACTIVE.append(self)
 
-    def timed_save(self, trainer):
-        started = time.perf_counter()
-        self.save(trainer)
-        self.longest_checkpoint = max(self.longest_checkpoint, time.perf_counter() - started)
-        self.saved_step = trainer.global_step
+    @property
+    def longest_checkpoint(self):
+        """Seconds the longest checkpoint of this run took (before the first one: the estimate)."""
+        return max(self.estimate, self.checkpointing.longest_save)
+
+    def stuck_after(self):
+        """Seconds after SIGTERM by which this run, if not stuck, has stopped: three of its longest steps and two
+        of its longest checkpoints, and never less than 10 s (signals.py ends the process then)."""
+        return max(10, int(3 * self.longest_step + 2 * self.longest_checkpoint) + 1)
 
     # ------------------------------------------------------------ before training
 
@@ -218,11 +85,12 @@ class GracefulStop(Callback):
         if self.deadline is not None or self.args.grace_period is not None:
             with fail_together(self.runtime):
                 estimate = checkpoint_estimate(trainer, self.folder) if self.runtime.is_main else 0.0
-            self.longest_checkpoint = max(broadcast_number(estimate, self.runtime), self.longest_checkpoint)
+            self.estimate = broadcast_number(estimate, self.runtime)
             with fail_together(self.runtime):
                 self.check_grace_period()
                 self.check_budget()
         self.last_boundary = time.perf_counter()
+        set_stuck_after(self.stuck_after())
         if self.agree_now(self.wanted(trainer, before_training=True)):
             self.stop(trainer, self.agreed_code)
 
@@ -252,6 +120,7 @@ class GracefulStop(Callback):
         now = time.perf_counter()
         self.longest_step = max(self.longest_step, now - self.last_boundary)
         self.last_boundary = now
+        set_stuck_after(self.stuck_after())
         code = self.read_agreed()  # what every rank wanted one step ago
         if code and trainer.batches_done >= trainer.epoch_batches:
             self.pending = code  # the epoch's last step: stop after its evaluation and checkpoint
@@ -334,7 +203,7 @@ class GracefulStop(Callback):
         one line, and the exit."""
         step = trainer.global_step
         progressed = step > self.first_step
-        if progressed and self.saved_step != step:
+        if progressed and self.checkpointing.saved_step != step:  # unless the checkpointing callback just saved it
             self.checkpointing.save(trainer)
         if self.runtime.is_main:
             self.tell(step, code, progressed)
@@ -386,12 +255,6 @@ def broadcast_number(value, runtime):
     number = torch.tensor([value], dtype=torch.float64, device=runtime.device)
     dist.broadcast(number, src=0)
     return float(number.item())
-
-
-def finish(error):
-    """cli.run's answer to Stopped: the line was printed; exit with its status."""
-    sys.stdout.flush()
-    sys.exit(error.status)
 
 
 def note(folder):

@@ -11,7 +11,7 @@ Before the first epoch, every rank together:
 - puts the model, optimizer, schedule, scaler, position and random streams back as saved.
 
 While training: a checkpoint every ``--checkpoint-every`` steps and at every epoch's end, written by
-rank 0 (kit/checkpoints.py) with every rank's random state. A fault drill may wrap ``write``.
+rank 0 (kit/checkpoints.py) with every rank's random state, through the writer job.py hands it.
 """
 import time
 from pathlib import Path
@@ -22,19 +22,22 @@ from lesson.loop import Callback
 from lesson.models import unwrap
 
 from kit import checkpoints, launch_checks, output_paths
-from . import cli
 from kit.agreement import agree, fail_together, gather_from_all_ranks
 from kit.errors import CourseError
 from kit.output_paths import display_path
 
 
 class Checkpointing(Callback):
-    def __init__(self, script, args, runtime, record):
+    """``folder``: where the checkpoints go (job.py resolves it); ``write(state, path)``: what writes one file
+    (kit/checkpoints.py's atomic write, or a fault drill's)."""
+
+    def __init__(self, script, args, runtime, record, folder, write):
         self.script, self.args, self.runtime, self.record = script, args, runtime, record
-        self.folder = Path(args.checkpoint_dir or cli.default_checkpoint_dir(script, args.run_name))
-        self.write = checkpoints.write_atomically  # what saves a checkpoint file; a fault drill may wrap it
+        self.folder, self.write = folder, write
         self.sampler_state = None  # a baseline shuffler's generator state at the start of the epoch in progress
         self.config = None
+        self.saved_step = None  # the step of the newest checkpoint this run wrote
+        self.longest_save = 0.0  # seconds the longest checkpoint of this run took (the graceful stop plans with it)
 
     # ------------------------------------------------------------ before training
 
@@ -183,7 +186,13 @@ class Checkpointing(Callback):
         self.save(trainer)
 
     def save(self, trainer):
-        """Every rank hands rank 0 its random state; rank 0 writes the file atomically."""
+        """Every rank hands rank 0 its random state; rank 0 writes the file atomically. Timed, on every rank."""
+        started = time.perf_counter()
+        self.write_checkpoint(trainer)
+        self.longest_save = max(self.longest_save, time.perf_counter() - started)
+        self.saved_step = trainer.global_step
+
+    def write_checkpoint(self, trainer):
         mine = {"rng": checkpoints.rng_state(self.runtime.device), "loss_sum": float(trainer.loss_sum),
                 "samples": int(trainer.samples)}
         ranks = gather_from_all_ranks(mine)

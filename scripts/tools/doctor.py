@@ -344,8 +344,7 @@ def probe_line(backend, nodes, world_size, args, seconds):
 
 # ---------------------------------------------------------------- the whole check
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args):
     if not launch_checks.launched_by_torchrun():
         launch_checks.use_world_of_one()  # plain python: a world of one, as the training scripts do
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
@@ -386,4 +385,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, parse=parse_args)
