@@ -1,5 +1,6 @@
-"""The exercises of the notebooks: each check passes the solution, fails a wrong answer, and
-says "not attempted yet" for the placeholder; and no stored notebook shows an answer.
+"""The exercises of the notebooks: every notebook has its module of checks and every exercise its check; each
+check passes the solution, fails a wrong answer, and says "not attempted yet" for the placeholder; and no stored
+notebook shows an answer.
 
 A solution lives in notebooks/solutions/ and reaches a notebook only when the participant
 uncomments its `%load` line, so these tests run every solution file the way the notebook
@@ -7,6 +8,7 @@ would: in a namespace holding what the notebook defined before the exercise.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +18,14 @@ from torch.utils.data import Subset
 from helpers import REPO
 from lesson import data, models
 from kit import datasets, more_models
+from notebook_support import exercises
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
+from notebook_support.exercises.registry import MODULE_PREFIX, notebook_of
 
 NOTEBOOKS = REPO / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
+NOTEBOOK_NAMES = sorted(path.stem for path in NOTEBOOKS.glob("[0-9]*.ipynb"))  # "00_concepts", ...
+CHECK_MODULES = sorted(Path(exercises.__file__).parent.glob(f"{MODULE_PREFIX}*.py"))  # nb00_concepts.py, ...
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +120,10 @@ def one_bucket(numels, caps_bytes):
     return [sum(numels)]
 
 
+def state_dict_bytes(module):
+    return sum(value.numel() * value.element_size() for value in module.state_dict().values())
+
+
 def wrong_answers(exercise_id, extra):
     """A plausible mistake for every exercise: each must fail its check."""
     model_bytes = sum(p.numel() * 4 for p in models.Net().parameters())
@@ -136,8 +146,7 @@ def wrong_answers(exercise_id, extra):
         "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
         "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
         "06.1": {"head_bytes": 4 * (10 * 512 + 10),  # right, but layer4 counted from its state_dict
-                 "layer4_and_head_bytes": 4 * (10 * 512 + 10) + sum(
-                     value.numel() * value.element_size() for value in more_models.resnet18().layer4.state_dict().values()),
+                 "layer4_and_head_bytes": 4 * (10 * 512 + 10) + state_dict_bytes(more_models.resnet18().layer4),
                  "buffer_bytes": 0},  # and DDP taken to send gradients only
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
@@ -161,10 +170,13 @@ CHECKED = [pytest.param(exercise_id, marks=pytest.mark.slow) if exercise_id in N
            for exercise_id in IDS]
 
 
+def test_every_notebook_has_a_module_of_checks_and_every_module_a_notebook():
+    assert [notebook_of(path.stem) for path in CHECK_MODULES] == NOTEBOOK_NAMES
+
+
 def test_every_notebook_has_exercises():
-    assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == [
-        "00_concepts", "01_baseline", "02_allreduce_by_hand", "03_data_parallel", "04_ddp",
-        "05_checkpoints_and_faults", "06_real_models", "07_beyond_ddp", "08_performance", "09_when_it_hangs"]
+    """A module of checks that exercises/__init__.py does not import registers nothing: its notebook fails here."""
+    assert sorted({exercise.notebook for exercise in EXERCISES.values()}) == NOTEBOOK_NAMES
 
 
 @pytest.mark.parametrize("exercise_id", CHECKED)
@@ -234,9 +246,22 @@ def test_the_notebook_holds_placeholder_load_line_and_check(exercise_id):
     assert not load["outputs"], "the load cell must stay empty until the participant runs it"
     check_source, check_output = text_of(check)
     assert f"exercises.{exercise.check.__name__}(" in check_source
+    assert getattr(exercises, exercise.check.__name__) is exercise.check, "not imported by exercises/__init__.py"
     assert f"Exercise {exercise.number}: {NOT_ATTEMPTED}." in check_output, "stored with the answer filled in?"
     assert all(output["output_type"] == "stream" for output in check["outputs"]), "the check shows only its line"
     assert (NOTEBOOKS / exercise.solution).is_file()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOK_NAMES)
+def test_every_exercise_of_the_notebook_has_a_check(notebook):
+    """An exercise shows as the %load line of its solution: each one in the notebook is a check's."""
+    load_lines = {line for cell in cells(notebook) for line in "".join(cell["source"]).splitlines()
+                  if line.startswith("# %load ")}
+    assert load_lines == {exercise.load_line for exercise in EXERCISES.values() if exercise.notebook == notebook}
+
+
+def test_every_solution_file_has_a_check():
+    assert sorted(SOLUTIONS.glob("*.py")) == sorted(NOTEBOOKS / exercise.solution for exercise in EXERCISES.values())
 
 
 def solution_lines():
@@ -250,7 +275,7 @@ def solution_lines():
     return lines
 
 
-@pytest.mark.parametrize("notebook", sorted({exercise.notebook for exercise in EXERCISES.values()}))
+@pytest.mark.parametrize("notebook", NOTEBOOK_NAMES)
 def test_no_answer_is_on_screen(notebook):
     answers = solution_lines()
     for number, cell in enumerate(cells(notebook)):

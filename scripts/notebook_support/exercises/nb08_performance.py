@@ -1,0 +1,47 @@
+"""The checks of 08_performance.ipynb's exercises: bus bandwidth from algorithm bandwidth, and the share of a step spent
+communicating. Notebook support: a learner may skip this module.
+"""
+import math
+
+from .registry import exercise
+
+
+def _ring_bus_bandwidth(algbw, ranks):
+    """nccl-tests' all_reduce correction: a ring moves 2(n-1)/n of the message through each rank's link."""
+    return algbw * 2 * (ranks - 1) / ranks
+
+
+@exercise(1, answers=("bus_bandwidth",))
+def check_bus_bandwidth(bus_bandwidth):
+    for ranks in range(1, 9):
+        expected = _ring_bus_bandwidth(10.0, ranks)
+        got = bus_bandwidth(10.0, ranks)
+        assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12), (
+            f"bus_bandwidth(10.0, {ranks}) = {got}: count what one rank sends in a ring all_reduce "
+            "(a reduce-scatter, then an all-gather, each in chunks of 1/n of the message)")
+    return ("For 2 ranks busbw equals algbw; for 8 it is 1.75 x algbw. busbw is what each rank's link carries, "
+            "so it can be set against the link's own bandwidth whatever the number of ranks.")
+
+
+def _communication_share(batch, flops_per_sample, flops_per_second, gradient_bytes, busbw, ranks):
+    compute = batch * flops_per_sample / flops_per_second
+    communication = gradient_bytes * 2 * (ranks - 1) / ranks / busbw
+    return communication / (compute + communication)
+
+
+@exercise(2, answers=("communication_share",))
+def check_communication_share(communication_share):
+    net = dict(flops_per_sample=71.6e6, gradient_bytes=4.8e6)  # the Net: FLOPs per sample, fp32 gradients
+    cases = [(32, 30e9, 1.0e9, 2), (64, 30e9, 1.0e9, 2), (32, 100e12, 200e9, 8), (32, 100e12, 20e9, 16)]
+    for batch, flops_per_second, busbw, ranks in cases:
+        expected = _communication_share(batch, net["flops_per_sample"], flops_per_second, net["gradient_bytes"],
+                                        busbw, ranks)
+        got = communication_share(batch, net["flops_per_sample"], flops_per_second, net["gradient_bytes"],
+                                  busbw, ranks)
+        assert math.isclose(got, expected, rel_tol=1e-6), (
+            f"batch {batch}, {flops_per_second:.0e} FLOP/s, busbw {busbw:.0e} B/s, {ranks} ranks: you get {got:.3f}; "
+            "compute grows with the batch, the gradient all_reduce does not (and is 2(n-1)/n of the bytes per link)")
+    shares = [_communication_share(b, net["flops_per_sample"], f, net["gradient_bytes"], w, n) for b, f, w, n in cases]
+    return (f"The Net on a 2-core CPU: {shares[0]:.0%} of a step is communication at batch 32, {shares[1]:.0%} at "
+            f"64. On GPUs at 100 TFLOP/s the same Net spends {shares[2]:.0%} communicating over a 200 GB/s link, "
+            f"{shares[3]:.0%} over a 20 GB/s network: fast compute makes a small model communication-bound.")
