@@ -1,4 +1,4 @@
-"""scripts/notebook_support/runner.py: what a notebook cell gets when a run it starts fails, and where
+"""scripts/notebook_support/runs.py: what a notebook cell gets when a run it starts fails, and where
 its figures go."""
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers import REPO  # noqa: E402
-from notebook_support import runner as notebook  # noqa: E402
+from notebook_support import runs as notebook  # noqa: E402
 
 
 def test_a_failed_run_carries_the_tail_of_its_output_stderr_included():
@@ -58,7 +58,7 @@ def test_figures_go_where_git_does_not_look(tmp_path, monkeypatch, capsys):
 def test_notebooks_draw_only_through_save_figure():
     for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
         text = path.read_text()
-        assert ".savefig(" not in text, f"{path.name} saves a figure itself; use notebook_support.runner.save_figure"
+        assert ".savefig(" not in text, f"{path.name} saves a figure itself; use notebook_support.runs.save_figure"
 
 
 def test_every_reference_figure_has_a_notebook_that_draws_it():

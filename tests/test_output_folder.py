@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import PYTHON, REPO, assert_ok, read_json, run_python, script_env
 from kit import output_paths
 from machinery import cli, job
-from notebook_support import runner
+from notebook_support import runs
 
 
 def test_the_default_folders_are_the_course_directorys_unless_course_output_dir_names_another(tmp_path, monkeypatch):
@@ -43,7 +43,7 @@ def test_this_session_writes_into_a_temporary_folder_and_the_notebooks_too(tmp_p
     output = Path(os.environ["COURSE_OUTPUT_DIR"])
     session = session_folder(tmp_path_factory)
     assert output.is_relative_to(session) and not output.is_relative_to(REPO)
-    assert runner.OUTPUT == output.resolve() and runner.FIGURES == runner.OUTPUT / "results" / "figs"
+    assert runs.OUTPUT == output.resolve() and runs.FIGURES == runs.OUTPUT / "results" / "figs"
 
 
 def test_what_the_tests_start_keeps_its_temporary_files_in_the_session_folder(tmp_path_factory):

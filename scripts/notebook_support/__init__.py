@@ -1,2 +1,3 @@
-"""What the notebooks use: running scripts from a cell (``runner``) and the checks of the exercises
-(``exercises``). Notebook support: a learner may skip this module."""
+"""What the notebooks use: running scripts from a cell (``runs``), the stacks of hung ranks (``rank_stacks``) and
+the checks of the exercises (``exercises``, one module per notebook). Notebook support: a learner may skip this
+module."""

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 import torch
 
 from machinery import cli
-from notebook_support.runner import python, read_record, torchrun
+from notebook_support.runs import python, read_record, torchrun
 
 STEPS = [  # (label, script, launched by torchrun?, extra arguments)
     ("1 one process", "step1_baseline.py", False, ()),

@@ -29,7 +29,7 @@ def check_where(where, crash_with_global_rank, nodes=3, gpus_per_node=4):
 @functools.cache
 def collectives_record(world_size):
     """What every rank of the collectives demo held, from a real torchrun with world_size processes."""
-    from ..runner import torchrun
+    from ..runs import torchrun
 
     with tempfile.TemporaryDirectory() as folder:
         record = Path(folder) / "collectives.json"
