@@ -37,8 +37,8 @@ def add_arguments(parser):
                         model="resnet18", optimizer="sgd", lr=1e-3, batch_size=8)
     start = parser.add_argument_group("fine-tuning").add_mutually_exclusive_group(required=True)
     start.add_argument("--pretrained", action="store_true",
-                       help="start from torchvision's ImageNet weights (python scripts/tools/download_data.py resnet18-weights "
-                            "puts them in the torch hub cache)")
+                       help="start from torchvision's ImageNet weights "
+                            "(python scripts/tools/download_data.py resnet18-weights puts them in the torch hub cache)")
     start.add_argument("--weights", type=Path, default=None, help="start from this state_dict file instead")
     parser.add_argument("--finetune", choices=["head", "all"], default="head",
                         help="head: train the output layer alone, the rest frozen (default); all: train every layer")

@@ -47,8 +47,10 @@ from step2_allreduce import average_gradients_bucket
 
 
 def add_arguments(parser):
-    runner.add_demo_arguments(parser, DEMOS, default=[name for name in DEMOS if name != "no-join"])  # it fails on purpose
-    parser.add_argument("--micro-batches", type=int, default=4, help="K, the micro-batches per optimizer step (accumulate)")
+    runner.add_demo_arguments(parser, DEMOS,
+                              default=[name for name in DEMOS if name != "no-join"])  # it fails on purpose
+    parser.add_argument("--micro-batches", type=int, default=4,
+                        help="K, the micro-batches per optimizer step (accumulate)")
     parser.set_defaults(dropout=False, batch_size=16)
 
 
@@ -110,7 +112,8 @@ def demo_overlap(runtime, args):
             param.register_post_accumulate_grad_hook(
                 lambda p, name=name, events=events: events.append(f"  gradient ready: {name}"))
         if mode == "bucket":
-            average = lambda model=model: average_gradients_bucket(model)
+            def average(model=model):
+                return average_gradients_bucket(model)
         else:
             model = own_ddp.wrap(model, mode)
             average = model.finish_gradient_sync
@@ -125,7 +128,8 @@ def demo_overlap(runtime, args):
             steps.append(list(events))
         started = [i for i, event in enumerate(steps[-1]) if "all_reduce started" in event]
         last_gradient = max(i for i, event in enumerate(steps[-1]) if "gradient ready" in event)
-        observed[mode] = {"events": steps[-1], "all_reduces_per_step": [sum("all_reduce" in e for e in s) for s in steps],
+        observed[mode] = {"events": steps[-1],
+                          "all_reduces_per_step": [sum("all_reduce" in e for e in s) for s in steps],
                           "started_before_last_gradient": sum(i < last_gradient for i in started),
                           "gradient_spread": runner.largest_difference_from_rank0(
                               p.grad for p in models.unwrap(model).parameters())}
@@ -163,7 +167,10 @@ def accumulate_with_ddp(model, optimizer, micro_batches, use_no_sync):
 def demo_accumulate(runtime, args):
     """K micro-batches of B per rank, with and without no_sync, against one step on W x K x B."""
     k, b, steps = args.micro_batches, args.batch_size, 3
-    sgd = lambda model: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
     single = fresh_net(args, runtime)
     single_optimizer = sgd(single)
     runs = {}
@@ -363,7 +370,8 @@ def demo_fsdp(runtime, args):
     everyone = agreement.gather_from_all_ranks(mine)
     for rank, seen in enumerate(everyone):
         say(runtime, f"rank {rank}: parameters {seen['parameter_bytes'] / 2**20:.2f} of "
-                     f"{seen['whole_parameter_bytes'] / 2**20:.2f} MiB; Adam state {seen['adam_state_bytes'] / 2**20:.2f} "
+                     f"{seen['whole_parameter_bytes'] / 2**20:.2f} MiB; "
+                     f"Adam state {seen['adam_state_bytes'] / 2**20:.2f} "
                      f"MiB (DDP: {seen['ddp_adam_state_bytes'] / 2**20:.2f} MiB)")
     say(runtime, f"largest weight difference, FSDP2 against DDP, after 3 steps: "
                  f"{max(seen['difference'] for seen in everyone):.1e}")

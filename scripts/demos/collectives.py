@@ -156,7 +156,8 @@ def time_averaging(device, repeats):
             for _ in range(repeats):
                 average(model)
             synchronize(device)
-            row[mode] = max(agreement.gather_from_all_ranks((time.perf_counter() - started) / repeats * 1e3))  # the slowest rank
+            # the slowest rank
+            row[mode] = max(agreement.gather_from_all_ranks((time.perf_counter() - started) / repeats * 1e3))
         timings[name] = row
     return timings
 

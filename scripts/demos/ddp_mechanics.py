@@ -52,7 +52,8 @@ def demo_devices(runtime, args):
         mine["current_cuda_device"] = torch.cuda.current_device()
     everyone = agreement.gather_from_all_ranks(mine)
     say(runtime, *(f"rank {r['rank']}: local rank {r['local_rank']}, device {r['device']}"
-                   + (f", torch.cuda.current_device() = {r['current_cuda_device']}" if "current_cuda_device" in r else "")
+                   + (f", torch.cuda.current_device() = {r['current_cuda_device']}"
+                      if "current_cuda_device" in r else "")
                    for r in everyone))
     return everyone
 
@@ -201,7 +202,8 @@ def demo_unused(runtime, args):
     lines = [f"find_unused_parameters=False: {done} step(s) done, then:"]
     if error:
         first = error.split(". ")[0]
-        indices = next((line.split(":")[-1].split() for line in error.splitlines() if "did not receive grad" in line), [])
+        indices = next((line.split(":")[-1].split() for line in error.splitlines() if "did not receive grad" in line),
+                       [])
         result["unused"] = [names[int(i)] for i in indices]
         lines += [f"  RuntimeError: {first}.",
                   f"  parameter indices that got no gradient: {' '.join(indices)} = {', '.join(result['unused'])}"]

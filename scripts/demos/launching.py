@@ -93,7 +93,8 @@ def main(args):
     env = torchrun_environment()
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     if args.fail_first_attempt == rank and env["TORCHELASTIC_RESTART_COUNT"] == "0":
-        raise CourseError(f"rank {rank} fails on purpose in attempt 0; torchrun --max-restarts=1 starts the group again")
+        raise CourseError(f"rank {rank} fails on purpose in attempt 0; "
+                          "torchrun --max-restarts=1 starts the group again")
     # env:// is the default: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from torchrun.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     if args.stall_rank == rank:

@@ -1,7 +1,8 @@
 """Checks every rank passes or fails together. Kit: a learner may skip this module.
 
-``gather_from_all_ranks`` hands every rank what each rank holds. A check that can fail on one rank only (data missing on one node, say) is agreed by every rank, so that
-all of them stop with the same message instead of the healthy ones waiting for the whole ``--timeout``.
+``gather_from_all_ranks`` hands every rank what each rank holds. A check that can fail on one rank only (data missing on
+one node, say) is agreed by every rank, so that all of them stop with the same message instead of the healthy ones
+waiting for the whole ``--timeout``.
 """
 import socket
 from contextlib import contextmanager

@@ -94,7 +94,8 @@ def imagenet_transforms():
     from torchvision.models import ResNet18_Weights
 
     evaluation = ResNet18_Weights.IMAGENET1K_V1.transforms()  # resize 256, centre crop 224, normalise
-    train = transforms.Compose([transforms.RandomResizedCrop(evaluation.crop_size[0]), transforms.RandomHorizontalFlip(),
+    train = transforms.Compose([transforms.RandomResizedCrop(evaluation.crop_size[0]),
+                                transforms.RandomHorizontalFlip(),
                                 transforms.ToTensor(), transforms.Normalize(evaluation.mean, evaluation.std)])
     return train, evaluation
 
@@ -113,7 +114,8 @@ def read_datasets(name, data_dir):
     dataset_class = getattr(datasets, class_name)
     root = Path(data_dir) / subdir
     fix = ("restore it with: git checkout -- data/" if download_name is None else
-           f"fetch it on a machine with internet: python scripts/tools/download_data.py {download_name} --data-dir {data_dir}")
+           f"fetch it on a machine with internet: "
+           f"python scripts/tools/download_data.py {download_name} --data-dir {data_dir}")
     if dataset_class is datasets.CIFAR10:
         train_transform, test_transform = cifar10_transforms()
         missing = [file for file in cifar10_files() if not (root / datasets.CIFAR10.base_folder / file).is_file()]

@@ -249,8 +249,8 @@ def wait_for_every_rank(timeout, stop_signal=lambda: None):
 # line does not, so a restarted worker makes itself one (``meet_on_a_fresh_store``).
 FRESH_STORE_PER_ATTEMPT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 STALE_STORE_HINT = ("a worker group restarted by torchrun could not connect to its peers: torchrun reused the store of "
-                    "the failed attempt (pytorch/pytorch#167288); run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
-                    "set, as the course's launchers do")
+                    "the failed attempt (pytorch/pytorch#167288); "
+                    "run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 set, as the course's launchers do")
 _FRESH_STORE = []  # rank 0's store for this attempt, kept alive for init_process_group to reuse
 
 

@@ -1,4 +1,5 @@
-"""The models beyond the Net: with BatchNorm, and ResNet-18 two ways. Kit: a learner may skip this module (notebooks 06 and 07 use these models).
+"""The models beyond the Net: with BatchNorm, and ResNet-18 two ways. Kit: a learner may skip this module (notebooks 06
+and 07 use these models).
 
     --model net-bn           the Net with BatchNorm, for SyncBatchNorm (1x28x28 images)
     --model resnet18         torchvision's ResNet-18 (colour images, any size)
@@ -8,12 +9,12 @@ Which stem for CIFAR-10, and why. torchvision's ResNet-18 was made for 224x224 I
 images: its stem, a 7x7 convolution with stride 2 and a max-pool, shrinks an image 4x in
 each direction before the first residual block, so a 32x32 CIFAR image reaches the last
 block as 1x1. That is the model the Palmetto cluster's DDP tutorial (clemsonciti/palmetto-examples)
-trains on CIFAR-10 and the one ImageNet weights fit, and ``--model resnet18`` is exactly that. The usual CIFAR stem, a 3x3 convolution
-with stride 1 and no max-pool, keeps all 32x32 pixels through the first block; it is the common
-choice for training on CIFAR-10 from scratch, at about 15x the compute per image
-(tests/test_real_models.py counts both). The course's CPU runs use the cheaper model;
-on GPUs, ``--model resnet18-cifar`` gives DDP more computation per step to overlap with
-its communication.
+trains on CIFAR-10 and the one ImageNet weights fit, and ``--model resnet18`` is exactly that. The
+usual CIFAR stem, a 3x3 convolution with stride 1 and no max-pool, keeps all 32x32 pixels through
+the first block; it is the common choice for training on CIFAR-10 from scratch, at about 15x the
+compute per image (tests/test_real_models.py counts both). The course's CPU runs use the cheaper
+model; on GPUs, ``--model resnet18-cifar`` gives DDP more computation per step to overlap with its
+communication.
 """
 import torch
 import torch.nn as nn

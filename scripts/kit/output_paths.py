@@ -38,7 +38,8 @@ def check_folder(path, flag):
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise CourseError(f"{flag} {path} cannot be created ({error.strerror}); pass a folder you can write to") from None
+        raise CourseError(f"{flag} {path} cannot be created ({error.strerror}); "
+                          "pass a folder you can write to") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise CourseError(f"{flag} {path} is not writable; pass a folder you can write to")
 

@@ -1,4 +1,5 @@
-"""SyncBatchNorm: BatchNorm with the statistics of the global batch (``--sync-bn``). Kit: a learner may skip this module (notebook 07 teaches it).
+"""SyncBatchNorm: BatchNorm with the statistics of the global batch (``--sync-bn``). Kit: a learner may skip this module
+(notebook 07 teaches it).
 
 In training, BatchNorm normalises every channel with the mean and variance of the batch in
 front of it. Under data parallelism that batch is this rank's shard: with 32 images per
@@ -108,7 +109,8 @@ def convert(model, model_name="the model", on_gpu=False):
 
 
 def replace_batchnorm(module):
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm)):
+    if (isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and not isinstance(module, (SyncBatchNorm, nn.SyncBatchNorm))):
         synced = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                                module.track_running_stats, bias=module.bias is not None)
         if module.affine:

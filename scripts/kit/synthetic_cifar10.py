@@ -20,7 +20,8 @@ class SyntheticCIFAR10(datasets.CIFAR10):
         datasets.VisionDataset.__init__(self, root=None, transform=transform)
         self.train, self.classes = train, [f"class {i}" for i in range(10)]
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        patterns = torch.randint(0, 128, (10, 32, 32, 3), generator=torch.Generator().manual_seed(10), dtype=torch.uint8)
+        patterns = torch.randint(0, 128, (10, 32, 32, 3), generator=torch.Generator().manual_seed(10),
+                                 dtype=torch.uint8)
         generator = torch.Generator().manual_seed(11 if train else 12)  # the two splits differ
         labels = torch.randint(0, 10, (self.SIZES[train],), generator=generator)
         noise = torch.randint(0, 128, (len(labels), 32, 32, 3), generator=generator, dtype=torch.uint8)

@@ -32,7 +32,8 @@ def make_optimizer(model, args, batches=None, runtime=None):
     --lr-scaling linear multiplies the rate by the global batch / --batch-size, after --warmup-steps."""
     world_size, is_main = (runtime.world_size, runtime.is_main) if runtime else (1, True)
     global_batch = None if batches is None else batches.batch_size * world_size * args.accumulate  # a step's images
-    factor = learning_rate.scaling_factor(args.lr_scaling, global_batch, args.batch_size)  # 1 unless --lr-scaling linear
+    # 1 unless --lr-scaling linear
+    factor = learning_rate.scaling_factor(args.lr_scaling, global_batch, args.batch_size)
     lr = (args.lr or DEFAULT_LR[args.optimizer]) * factor
     if args.optimizer == "adadelta":
         optimizer = optim.Adadelta(model.parameters(), lr=lr)

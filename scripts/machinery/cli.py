@@ -1,4 +1,5 @@
-"""The command line shared by every training script, and how errors reach the user. Machinery: a learner may skip this module (``--help`` lists every flag).
+"""The command line shared by every training script, and how errors reach the user. Machinery: a learner may skip this
+module (``--help`` lists every flag).
 """
 import argparse
 import os
@@ -52,25 +53,31 @@ def build_parser(description):
     data.add_argument("--dataset", default="mnist5k",
                       help="mnist5k (bundled, offline; default), mnist or cifar10 (download first), synthetic-cifar10 "
                            "(CIFAR-shaped, made up in memory), imagefolder (--data-dir with train/ and val/)")
-    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="where the data sets live (default: data/)")
+    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                      help="where the data sets live (default: data/)")
     data.add_argument("--model", default="net",
                       help="net: the two-conv MNIST network (default); net-bn: the same with BatchNorm; "
                            "resnet18: torchvision's; resnet18-cifar: with the CIFAR stem")
-    data.add_argument("--no-dropout", dest="dropout", action="store_false", help="turn the Net's dropout off (exact comparisons need it off)")
+    data.add_argument("--no-dropout", dest="dropout", action="store_false",
+                      help="turn the Net's dropout off (exact comparisons need it off)")
     data.add_argument("--sync-bn", action="store_true",
-                      help="SyncBatchNorm: BatchNorm layers normalise with the statistics of the global batch, not this rank's")
+                      help="SyncBatchNorm: BatchNorm layers normalise with the statistics of the global batch, "
+                           "not this rank's")
     data.add_argument("--loader", choices=["auto", "tensor", "dataloader"], default="auto",
                       help="tensor: whole data set in memory, batches by indexing; dataloader: per-sample transforms; "
                            "auto (default): tensor, but dataloader for an ImageFolder")
     data.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (dataloader route only)")
-    data.add_argument("--pin-memory", action="store_true", help="pin host memory for faster copies to the GPU (dataloader route)")
+    data.add_argument("--pin-memory", action="store_true",
+                      help="pin host memory for faster copies to the GPU (dataloader route)")
 
     train = parser.add_argument_group("training")
     train.add_argument("--epochs", type=positive_int, default=3)
-    train.add_argument("--batch-size", type=positive_int, default=64, help="per process (the global batch is this times the world size)")
+    train.add_argument("--batch-size", type=positive_int, default=64,
+                       help="per process (the global batch is this times the world size)")
     train.add_argument("--eval-batch-size", type=positive_int, default=500)
     train.add_argument("--optimizer", choices=["adadelta", "adam", "sgd"], default="adam")
-    train.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1.0 for adadelta, 2e-3 for adam, 0.05 for sgd)")
+    train.add_argument("--lr", type=positive_float, default=None,
+                       help="learning rate (default: 1.0 for adadelta, 2e-3 for adam, 0.05 for sgd)")
     train.add_argument("--gamma", type=positive_float, default=0.7, help="learning-rate decay per epoch (StepLR)")
     train.add_argument("--lr-scaling", choices=["none", "linear"], default="none",
                        help="linear: multiply --lr by the global batch / --batch-size, the linear scaling rule of "
@@ -79,26 +86,36 @@ def build_parser(description):
     train.add_argument("--warmup-steps", type=int, default=0, metavar="N",
                        help="with --lr-scaling linear: start at the unscaled rate and rise linearly to the scaled one "
                             "over the first N optimizer steps (default 0: no warm-up)")
-    train.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after this many steps (for short runs)")
+    train.add_argument("--max-steps", type=positive_int, default=None,
+                       help="stop each epoch after this many steps (for short runs)")
     train.add_argument("--seed", type=int, default=0)
 
     where = parser.add_argument_group("device and processes")
-    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda:LOCAL_RANK when a GPU is present, else cpu")
-    where.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with CUDA, gloo on CPU")
-    where.add_argument("--threads", type=positive_int, default=None, help="CPU threads per process (default: the cores this job may use / processes on this node)")
-    where.add_argument("--timeout", type=positive_int, default=300, help="seconds a collective may wait before the run fails")
+    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                       help="auto: cuda:LOCAL_RANK when a GPU is present, else cpu")
+    where.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                       help="auto: nccl with CUDA, gloo on CPU")
+    where.add_argument("--threads", type=positive_int, default=None,
+                       help="CPU threads per process (default: the cores this job may use / processes on this node)")
+    where.add_argument("--timeout", type=positive_int, default=300,
+                       help="seconds a collective may wait before the run fails")
 
     train.add_argument("--accumulate", type=positive_int, default=1,
-                       help="batches per optimizer step (gradient accumulation; DDP skips the all_reduce on all but the last)")
+                       help="batches per optimizer step (gradient accumulation; "
+                            "DDP skips the all_reduce on all but the last)")
     train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                       help="fp32 (default); bf16 autocast (CPU or GPU); fp16 autocast with a gradient scaler (GPU only)")
+                       help="fp32 (default); bf16 autocast (CPU or GPU); "
+                            "fp16 autocast with a gradient scaler (GPU only)")
 
     out = parser.add_argument_group("output")
     out.add_argument("--results-dir", type=Path, default=default_results_dir(),
                      help=f"where the JSON record goes (default: results/, in ${OUTPUT_DIR_VARIABLE} if set)")
-    out.add_argument("--run-name", default=None, help="file name of the JSON record (default: <script>-w<world size>-<time>)")
-    out.add_argument("--save", type=Path, default=None, help="write the final weights here (rank 0; the plain model, no 'module.' prefix)")
-    out.add_argument("--peak-tflops", type=positive_float, default=None, help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
+    out.add_argument("--run-name", default=None,
+                     help="file name of the JSON record (default: <script>-w<world size>-<time>)")
+    out.add_argument("--save", type=Path, default=None,
+                     help="write the final weights here (rank 0; the plain model, no 'module.' prefix)")
+    out.add_argument("--peak-tflops", type=positive_float, default=None,
+                     help="the device's peak TFLOP/s, for MFU where it is not in the built-in table")
 
     ckpt = parser.add_argument_group("checkpoints and restarts")
     ckpt.add_argument("--checkpoint-dir", type=Path, default=None,
@@ -106,7 +123,8 @@ def build_parser(description):
                            f"${OUTPUT_DIR_VARIABLE} if set)")
     ckpt.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
                       help="also checkpoint every N optimizer steps (always: at the end of each epoch)")
-    ckpt.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K", help="keep the newest K (default 3)")
+    ckpt.add_argument("--keep-checkpoints", type=positive_int, default=3, metavar="K",
+                      help="keep the newest K (default 3)")
     ckpt.add_argument("--resume", nargs="?", const="latest", default=None, metavar="FILE",
                       help="continue from the newest checkpoint in --checkpoint-dir if there is one, else start fresh "
                            "(or from FILE); a run restarted by torchrun always resumes")
@@ -129,7 +147,8 @@ def build_parser(description):
                            "Slurm: KillWait); checked before training against the time a checkpoint takes")
 
     drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
-    drill.add_argument("--fault", choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint", "sigterm-rank"],
+    drill.add_argument("--fault",
+                       choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint", "sigterm-rank"],
                        default=None,
                        help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
                             "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint; sigterm, sigint: "
@@ -139,7 +158,8 @@ def build_parser(description):
                             "Only in a run's first attempt: a group torchrun restarts does not repeat it "
                             "(but see --fault-every-attempt)")
     drill.add_argument("--fault-rank", type=int, default=0, help="the rank the fault hits (default 0)")
-    drill.add_argument("--fault-step", type=positive_int, default=1, help="the optimizer step after which it hits (default 1)")
+    drill.add_argument("--fault-step", type=positive_int, default=1,
+                       help="the optimizer step after which it hits (default 1)")
     drill.add_argument("--fault-seconds", type=positive_float, default=3600.0, help="how long a stall lasts")
     drill.add_argument("--fault-every-attempt", action="store_true",
                        help="strike in every attempt but the last that torchrun's --max-restarts allows, each one "
@@ -206,8 +226,9 @@ def run(main, argv=None, *, description=None, add_arguments=None, parse=None):
             raise
         explained = stragglers.explain(error) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
         rank = os.environ.get("RANK", "0")
-        print(f"error: {explained or f'rank {rank}: a collective failed ({first_line(error)}); if another rank stalled or died, its log says why'}",
-              file=sys.stderr, flush=True)
+        reason = explained or (f"rank {rank}: a collective failed ({first_line(error)}); "
+                               f"if another rank stalled or died, its log says why")
+        print(f"error: {reason}", file=sys.stderr, flush=True)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

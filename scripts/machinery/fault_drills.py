@@ -13,8 +13,8 @@ every worker (without torchrun, to itself), and waits until it has come back, so
 the very next step (graceful_stop.py); ``sigterm-rank`` sends SIGTERM to its own rank alone, which the
 others learn of only from the ranks' agreement. With ``--fault-every-attempt`` it strikes in
 every attempt but the last one torchrun's --max-restarts allows, each one step later than the attempt
-before (step --fault-step + the restart count), so that every restarted group makes progress first. The signals are real: ``kill``
-is SIGKILL, as the kernel's out-of-memory killer sends it.
+before (step --fault-step + the restart count), so that every restarted group makes progress first. The
+signals are real: ``kill`` is SIGKILL, as the kernel's out-of-memory killer sends it.
 """
 import functools
 import os

@@ -101,7 +101,8 @@ class RunRecord(Callback):
         steady_samples = trainer.samples - self.steady_from if self.steady_from is not None else 0
         steady_samples, = sum_over_ranks([steady_samples], self.runtime)
         synchronize(self.runtime.device)
-        self.steady = (int(steady_samples), time.perf_counter() - self.steady_started) if self.steady_from is not None else None
+        self.steady = ((int(steady_samples), time.perf_counter() - self.steady_started)
+                       if self.steady_from is not None else None)
 
     def on_epoch_end(self, trainer, metrics):
         """The epoch's entry in the record and, on rank 0, its line."""

@@ -141,7 +141,8 @@ class Checkpointing(Callback):
             where = (f"epoch {latest['epoch']}, step {latest['global_step']}" if "epoch" in latest
                      else f"{existing[-1].name}")
             raise CourseError(f"{folder} holds an unfinished run (at {where}): add --resume to continue it, or "
-                              f"--start-over to start a fresh run there (its checkpoints are moved aside, not deleted), "
+                              f"--start-over to start a fresh run there "
+                              f"(its checkpoints are moved aside, not deleted), "
                               f"or pass another --checkpoint-dir")
         return existing
 
@@ -151,7 +152,8 @@ class Checkpointing(Callback):
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.scheduler.load_state_dict(state["scheduler"])
         trainer.precision.scaler.load_state_dict(state["scaler"])
-        trainer.epoch, trainer.batches_done, trainer.global_step = state["epoch"], state["batches_done"], state["global_step"]
+        trainer.epoch, trainer.batches_done, trainer.global_step = (state["epoch"], state["batches_done"],
+                                                                    state["global_step"])
         mine = state["ranks"][self.runtime.rank]
         checkpoints.restore_rng_state(mine["rng"], self.runtime.device)
         trainer.loss_sum, trainer.samples = mine["loss_sum"], mine["samples"]

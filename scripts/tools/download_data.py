@@ -114,7 +114,8 @@ def parse_args(argv=None):
                         help="resnet18-weights: save them as this file instead of in the torch hub cache")
     args = parser.parse_args(argv)
     if args.weights_file is not None and args.weights_file.is_dir():
-        parser.error(f"--weights-file {args.weights_file} is a folder; name a file, e.g. {args.weights_file}/resnet18.pth")
+        parser.error(f"--weights-file {args.weights_file} is a folder; "
+                     f"name a file, e.g. {args.weights_file}/resnet18.pth")
     return args
 
 

@@ -132,12 +132,16 @@ def unique_in_order(names):
 def read_nodefile(path):
     """The lines of a PBS node file: one per chunk (mpiprocs=1) or per MPI rank."""
     if not path:
-        raise LaunchError("PBS_NODEFILE is not set; run this inside a PBS job (qsub), or unset PBS_JOBID to run on this machine alone")
+        raise LaunchError(
+            "PBS_NODEFILE is not set; run this inside a PBS job (qsub), or unset PBS_JOBID to run on this machine alone"
+        )
     try:
         with open(path) as file:
             lines = [line.strip() for line in file]
     except OSError as error:
-        raise LaunchError(f"cannot read PBS_NODEFILE={path} ({error.strerror}); inside a PBS job it names the job's hosts") from None
+        raise LaunchError(
+            f"cannot read PBS_NODEFILE={path} ({error.strerror}); inside a PBS job it names the job's hosts"
+        ) from None
     lines = [line for line in lines if line and not line.startswith("#")]
     if not lines:
         raise LaunchError(f"PBS_NODEFILE={path} is empty; it should list the job's hosts, one per line")
@@ -250,7 +254,8 @@ def pbs_node_rank(env, lines, hosts):
             f"this host ({hosts[place]}) is host {place} of PBS_NODEFILE, but PBS_NODENUM={nodenum}; "
             "run the launcher through pbsdsh with one chunk per host (mpiprocs=1, -l place=scatter)"
         )
-    return place, f"{hosts[place]}'s place in PBS_NODEFILE" + (f"; PBS_NODENUM={nodenum} agrees" if nodenum is not None else "")
+    return place, (f"{hosts[place]}'s place in PBS_NODEFILE"
+                   + (f"; PBS_NODENUM={nodenum} agrees" if nodenum is not None else ""))
 
 
 # ---------------------------------------------------------------- processes per node
@@ -369,7 +374,8 @@ def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_proce
             "--nproc-per-node N (in a job: COURSE_LAUNCH_ARGS=\"--nproc-per-node N\")"
         )
     if seen:  # granted 0, yet GPUs in view: the scripts' --device auto would take them
-        warnings.append(f"the job was granted no GPU ({source}) but torch sees {seen}; pass --device cpu to the script to stay off them")
+        warnings.append(f"the job was granted no GPU ({source}) but torch sees {seen}; "
+                        "pass --device cpu to the script to stay off them")
     cpus, where = cpus_here(env, scheduler)
     gpus = f"{source}, so " if source else ""
     return max(1, min(cpus, CPU_PROCS_CAP)), f"no GPU ({gpus}CPUs: {where}, at most {CPU_PROCS_CAP})"
@@ -392,25 +398,35 @@ def plan_from_env(env, nproc_per_node=None, port=None, max_restarts=DEFAULT_MAX_
         node_rank, rank_source = pbs_node_rank(env, lines, hosts)
     elif scheduler == "slurm":
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-        variable = next((name for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(name)), None)
+        variable = next((name for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                         if env.get(name)), None)
         if not variable:
             raise LaunchError("SLURM_JOB_NODELIST is not set; run this inside a Slurm job (sbatch/salloc + srun)")
         hosts = unique_in_order(slurm_hosts(env[variable]))
         hosts_source = f"{variable}={env[variable]}"
         tasks, nodes = int_var(env, "SLURM_STEP_NUM_TASKS"), int_var(env, "SLURM_STEP_NUM_NODES")
         if tasks and nodes and tasks > nodes:
-            raise LaunchError(f"srun started {tasks} launchers on {nodes} node(s); start one per node: srun --ntasks-per-node=1")
+            raise LaunchError(
+                f"srun started {tasks} launchers on {nodes} node(s); start one per node: srun --ntasks-per-node=1"
+            )
         if len(hosts) > 1 and not env.get("SLURM_STEP_ID"):
-            raise LaunchError(f"this job has {len(hosts)} nodes; start the launcher on each with srun --ntasks-per-node=1")
+            raise LaunchError(
+                f"this job has {len(hosts)} nodes; start the launcher on each with srun --ntasks-per-node=1"
+            )
         node_rank = int_var(env, "SLURM_NODEID")
         rank_source = f"SLURM_NODEID={node_rank}"
         if node_rank is None:
             node_rank = place_of_this_host(hosts)
             rank_source = "this host's place in the node list"
             if node_rank is None and len(hosts) > 1:
-                raise LaunchError(f"this host ({socket.gethostname()}) is not in {variable} ({', '.join(hosts)}); start the launcher with srun")
+                raise LaunchError(
+                    f"this host ({socket.gethostname()}) is not in {variable} ({', '.join(hosts)}); "
+                    "start the launcher with srun"
+                )
         if node_rank is not None and node_rank >= len(hosts):
-            raise LaunchError(f"this is node {node_rank} but {variable} names only {len(hosts)} host(s) ({', '.join(hosts)})")
+            raise LaunchError(
+                f"this is node {node_rank} but {variable} names only {len(hosts)} host(s) ({', '.join(hosts)})"
+            )
     else:
         job_id, hosts, hosts_source = None, [socket.gethostname()], "this machine (no scheduler)"
         node_rank, rank_source = 0, "one node"
@@ -462,7 +478,8 @@ def readable_command(plan, script, script_args, join_timeout=DEFAULT_JOIN_TIMEOU
 
 def describe(plan, script_args=()):
     """What was derived, and from where: the first lines of a job's launch, and --dry-run's output."""
-    where = {"pbs": f"PBS job {plan.job_id}", "slurm": f"Slurm job {plan.job_id}", "none": "no scheduler"}[plan.scheduler]
+    where = {"pbs": f"PBS job {plan.job_id}", "slurm": f"Slurm job {plan.job_id}",
+             "none": "no scheduler"}[plan.scheduler]
     if plan.port is None:
         rendezvous = ("none", "one node: torchrun --standalone")
     else:
@@ -477,7 +494,8 @@ def describe(plan, script_args=()):
         ("restarts", f"up to {plan.max_restarts}", "torchrun --max-restarts; " + (
             "a restart and a rerun job continue from the last checkpoint" if "--resume" in script_args
             else "a restart continues from the last checkpoint; no --resume: a rerun job starts over")),
-        *([("ranks", "set by torchrun", "c10d orders the nodes by host name; the pre-flight line shows each host's ranks")]
+        *([("ranks", "set by torchrun",
+            "c10d orders the nodes by host name; the pre-flight line shows each host's ranks")]
           if plan.port is not None else []),
     ]
     width = max(len(value) for _, value, _ in rows)
@@ -516,13 +534,16 @@ def parse_args(argv):
         description=__doc__.split("\n\n")[0] + "\n\nSee the module docstring for how each value is derived.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dry-run", action="store_true", help="print what was derived and the torchrun command; run nothing")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: GPUs granted, else CPUs up to 4)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what was derived and the torchrun command; run nothing")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="processes on this node (default: GPUs granted, else CPUs up to 4)")
     parser.add_argument("--gpus-per-process", type=int, default=1, metavar="K",
                         help="GPUs each process uses (2: DDP with model parallelism); processes = GPUs // K")
     parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="K",
                         help=f"times torchrun restarts a failed worker group (default {DEFAULT_MAX_RESTARTS})")
-    parser.add_argument("--port", type=int, default=None, metavar="P", help="rendezvous port on the first host (default: derived from the job id)")
+    parser.add_argument("--port", type=int, default=None, metavar="P",
+                        help="rendezvous port on the first host (default: derived from the job id)")
     parser.add_argument("--join-timeout", type=int, default=DEFAULT_JOIN_TIMEOUT, metavar="S",
                         help=f"seconds to wait for every node to join (default {DEFAULT_JOIN_TIMEOUT})")
     parser.add_argument("script", help="the training script, e.g. scripts/step4_ddp.py")
@@ -546,7 +567,9 @@ def main(argv=None, env=None):
     env = os.environ if env is None else env
     try:
         if not os.path.isfile(args.script):
-            raise LaunchError(f"no such training script: {args.script} (run from the course directory, e.g. scripts/step4_ddp.py)")
+            raise LaunchError(
+                f"no such training script: {args.script} (run from the course directory, e.g. scripts/step4_ddp.py)"
+            )
         plan = plan_from_env(env, args.nproc_per_node, args.port, args.max_restarts, args.gpus_per_process)
         command = torchrun_command(plan, args.script, args.script_args, args.join_timeout)
         if args.dry_run:
