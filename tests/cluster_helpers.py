@@ -96,7 +96,8 @@ def pbs_setup():
         return None, "OpenPBS is not set up on this machine; `sudo bash .ci/start_pbs.sh` builds and starts one"
     if os.geteuid() != 0:
         return None, "the test PBS runs in network namespaces that only root can enter; run the tests as root"
-    pairs = (line.split("=", 1) for line in (PBS_STATE / "env").read_text().splitlines() if "=" in line and not line.startswith("#"))
+    pairs = (line.split("=", 1) for line in (PBS_STATE / "env").read_text().splitlines()
+             if "=" in line and not line.startswith("#"))
     return dict(pairs), None
 
 

@@ -72,7 +72,8 @@ def write_cifar10(root, per_batch=40, test_images=40, seed=0):
         with open(folder / name, "wb") as file:
             pickle.dump(entry, file, protocol=2)
     with open(folder / datasets.CIFAR10.meta["filename"], "wb") as file:
-        pickle.dump({"label_names": CIFAR10_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, file, protocol=2)
+        pickle.dump({"label_names": CIFAR10_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, file,
+                    protocol=2)
     return Path(root)
 
 

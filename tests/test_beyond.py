@@ -101,7 +101,8 @@ def short_run(tmp_path_factory):
         name = "-".join([script.removesuffix(".py"), *mode[1:], batches])
         if name not in finished:
             assert_ok(run_torchrun(script, *SHORT_RUN, *mode, *BATCHES[batches], "--results-dir", folder / "results",
-                                   "--run-name", name, "--checkpoint-dir", folder / name, "--save", folder / f"{name}.pt"))
+                                   "--run-name", name, "--checkpoint-dir", folder / name,
+                                   "--save", folder / f"{name}.pt"))
             finished[name] = (read_json(folder / "results" / f"{name}.json"),
                               torch.load(folder / f"{name}.pt", weights_only=True))
         return finished[name]

@@ -64,7 +64,8 @@ def test_all_gather_leaves_every_tensor_on_every_rank(two_ranks):
 def test_only_rank_0_prints_in_rank_order(two_ranks):
     stdout, _, _ = two_ranks
     assert stdout.count("who is who") == 1
-    assert "  rank 0  before [1, 10, 100]  after [3, 30, 300]\n  rank 1  before [2, 20, 200]  after [3, 30, 300]" in stdout
+    assert ("  rank 0  before [1, 10, 100]  after [3, 30, 300]\n"
+            "  rank 1  before [2, 20, 200]  after [3, 30, 300]") in stdout
     assert "  rank 1  before [10, 11]  after [[0, 1], [10, 11]]" in stdout
 
 

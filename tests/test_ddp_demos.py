@@ -32,8 +32,9 @@ def test_buckets_are_rebuilt_after_the_first_step(ddp_mechanics_run):
     buckets = observed["buckets"]
     sizes = buckets["parameter_numels"]
     assert buckets["bucket_numels"][0] == [sum(sizes.values())]  # step 1: one bucket
-    assert buckets["bucket_numels"][1] == [sum(sizes[n] for n in ("fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight")),
-                                           sum(sizes[n] for n in ("conv2.weight", "conv2.bias", "conv1.weight", "conv1.bias"))]
+    assert buckets["bucket_numels"][1] == [
+        sum(sizes[n] for n in ("fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight")),
+        sum(sizes[n] for n in ("conv2.weight", "conv2.bias", "conv1.weight", "conv1.bias"))]
     step2 = buckets["steps"][1]
     first_allreduce = next(i for i, event in enumerate(step2) if "all_reduce" in event)
     last_gradient = max(i for i, event in enumerate(step2) if "gradient ready" in event)

@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, reserved_port, run_python, run_torchrun,
-                      script_env)
+from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, reserved_port,
+                     run_python, run_torchrun, script_env)
 from machinery import cli
 
 
@@ -129,7 +129,8 @@ def test_results_dir_that_is_a_file(tmp_path):
 @pytest.mark.slow
 def test_checkpoint_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file\n")
-    done = run_python("step1_baseline.py", *SHORT, "--results-dir", tmp_path / "r", "--checkpoint-dir", tmp_path / "taken")
+    done = run_python("step1_baseline.py", *SHORT, "--results-dir", tmp_path / "r",
+                      "--checkpoint-dir", tmp_path / "taken")
     assert_one_line_error(done, "--checkpoint-dir", "is a file, not a folder")
     assert_no_training(done)
 
@@ -144,7 +145,8 @@ def test_save_path_that_is_a_folder(tmp_path):
 @pytest.mark.slow
 def test_save_path_that_cannot_be_written(tmp_path):
     (tmp_path / "file").write_text("not a folder\n")
-    done = run_python("step4_ddp.py", *SHORT, *output_folders(tmp_path), "--save", tmp_path / "file" / "sub" / "weights.pt")
+    done = run_python("step4_ddp.py", *SHORT, *output_folders(tmp_path),
+                      "--save", tmp_path / "file" / "sub" / "weights.pt")
     assert_one_line_error(done, "--save's folder", "cannot be created")
     assert_no_training(done)
 

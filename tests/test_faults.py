@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun, script_env
+from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun,
+                     script_env)
 from lesson import process
 from kit import launch_checks
 from machinery import stragglers

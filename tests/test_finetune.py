@@ -1,4 +1,5 @@
-"""Fine-tuning a pretrained ResNet-18 on an ImageFolder (as the SageMaker DDP tutorial does with the ants and bees), under torchrun.
+"""Fine-tuning a pretrained ResNet-18 on an ImageFolder (as the SageMaker DDP tutorial does with the ants and bees),
+under torchrun.
 
 Neither the ants and bees nor torchvision's ImageNet weights can be downloaded here. The
 tests write a real ImageFolder (PNG files, two classes of bundled MNIST digits) and a
@@ -31,7 +32,8 @@ def files(tmp_path_factory):
 
 def finetune_run(files, folder, mode, *extra):
     return run_torchrun("step6_finetune.py", "--data-dir", files["data_dir"], "--weights", files["weights"],
-                        "--finetune", mode, "--epochs", 1, "--batch-size", 4, "--checkpoint-dir", folder / "checkpoints",
+                        "--finetune", mode, "--epochs", 1, "--batch-size", 4,
+                        "--checkpoint-dir", folder / "checkpoints",
                         "--results-dir", folder, "--run-name", mode, "--save", folder / f"{mode}.pt", *extra)
 
 
@@ -146,7 +148,8 @@ def test_ddp_all_reduces_exactly_the_gradients_of_what_trains():
 def test_missing_pretrained_weights_name_the_download_command(files, tmp_path):
     done = run_python("step6_finetune.py", "--pretrained", "--data-dir", files["data_dir"],
                       "--checkpoint-dir", tmp_path / "c", env=script_env(TORCH_HOME=tmp_path / "torch-home"))
-    assert_one_line_error(done, "ResNet-18 weights", "not found", "python scripts/tools/download_data.py resnet18-weights")
+    assert_one_line_error(done, "ResNet-18 weights", "not found",
+                          "python scripts/tools/download_data.py resnet18-weights")
 
 
 @pytest.mark.slow

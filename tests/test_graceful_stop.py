@@ -139,7 +139,8 @@ def test_plain_torchrun_restarts_a_killed_worker_ten_times_and_the_run_ends_with
     assert_ok(done)
     kills = [line for line in done.stdout.splitlines() if line.startswith("fault drill: rank 1 kills itself")]
     assert kills == [f"fault drill: rank 1 kills itself (SIGKILL) after step {step}" for step in range(2, 12)]
-    resumed = [int(line.split("checkpoint-")[1][:8]) for line in done.stdout.splitlines() if line.startswith("resumed from ")]
+    resumed = [int(line.split("checkpoint-")[1][:8]) for line in done.stdout.splitlines()
+               if line.startswith("resumed from ")]
     # Each restarted group resumed from the newest checkpoint by its kill: the killed step's own, or the one before
     # when rank 0 was stopped while it still wrote it (rank 1 dies as soon as it has handed over its state).
     assert len(resumed) == 10 and all(step - 1 <= at <= step for at, step in zip(resumed, range(2, 12))), resumed
@@ -237,7 +238,8 @@ def test_start_over_moves_an_unfinished_run_aside_and_starts_fresh(uninterrupted
     fresh = run_python("step1_baseline.py", *command, "--start-over")
     assert_ok(fresh)
     aside = [path for path in folder.iterdir() if path.name.startswith("set-aside-")]
-    assert len(aside) == 1 and f"starting over: the earlier run's 1 checkpoint(s) were moved to {aside[0]}" in fresh.stdout
+    assert len(aside) == 1 and (f"starting over: the earlier run's 1 checkpoint(s) were moved to {aside[0]}"
+                                in fresh.stdout)
     assert {path.name: path.read_bytes() for path in aside[0].iterdir()} == kept  # moved, not deleted
     assert "resumed" not in fresh.stdout
     assert_same_weights(saved_weights(tmp_path, "again"), uninterrupted["single"])

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from cluster_helpers import LAUNCHER, REPO, SHORT_RUN, clean_environment, job_whose_port_is_taken, load_launcher, read_record
+from cluster_helpers import (LAUNCHER, REPO, SHORT_RUN, clean_environment, job_whose_port_is_taken, load_launcher,
+                             read_record)
 
 launch = load_launcher()
 SCRIPT = "scripts/step4_ddp.py"
@@ -46,12 +47,14 @@ def test_pbs_two_nodes_second_node(tmp_path):
     port = launch.job_port("4242.pbs01")
     assert command_for(env) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu01:{port}",
-        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1",
+        "--rdzv-id=pbs-4242.pbs01", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT,
+        "--epochs", "1",
     ]
 
 
 def test_pbs_first_node_hosts_the_rendezvous(tmp_path):
-    env = {"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile(tmp_path, "gpu01", "gpu02"), "PBS_NODENUM": "0", "NGPUS": "4"}
+    env = {"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile(tmp_path, "gpu01", "gpu02"), "PBS_NODENUM": "0",
+           "NGPUS": "4"}
     command = command_for(env, port=12345)
     assert "--rdzv-endpoint=gpu01:12345" in command
     assert "--rdzv-conf=is_host=1,join_timeout=300" in command
@@ -96,7 +99,8 @@ def test_pbs_two_tasks_on_one_host_are_refused(tmp_path):
     # Two chunks packed on one host: the node file lists it twice, and pbsdsh starts a task per line.
     env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, this_host(), this_host(), "elsewhere01"),
            "PBS_NODENUM": "0", "PBS_TASKNUM": "2"}
-    with pytest.raises(launch.LaunchError, match=rf"lists {this_host()} 2 times, so pbsdsh starts 2 launchers.*place=scatter"):
+    with pytest.raises(launch.LaunchError,
+                       match=rf"lists {this_host()} 2 times, so pbsdsh starts 2 launchers.*place=scatter"):
         launch.plan_from_env(env)
     # The same node file in the job script (task 1) of a one-host job is one node.
     env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, this_host(), this_host()),
@@ -108,7 +112,8 @@ def test_pbs_two_tasks_on_one_host_are_refused(tmp_path):
 
 def test_pbs_one_node_is_a_standalone_torchrun(tmp_path):
     env = {"PBS_JOBID": "8.srv", "PBS_NODEFILE": nodefile(tmp_path, *["gpu05"] * 8), "NGPUS": "4", "NCPUS": "32"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3",
+                                           SIGNALS, SCRIPT, "--epochs", "1"]
 
 
 @pytest.mark.parametrize("ncpus, expected", [("16", 4), ("2", 2), ("1", 1)])
@@ -143,7 +148,8 @@ def test_cuda_visible_devices_counted_as_cuda_reads_it(value, count):
 
 def test_gpus_from_cuda_visible_devices_not_from_the_node(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "visible_gpus", lambda: 2)  # torch honours CUDA_VISIBLE_DEVICES
-    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "CUDA_VISIBLE_DEVICES": "4,5", "NCPUS": "16"}
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "CUDA_VISIBLE_DEVICES": "4,5",
+           "NCPUS": "16"}
     plan = launch.plan_from_env(env)
     assert plan.nproc_per_node == 2 and "CUDA_VISIBLE_DEVICES=4,5" in plan.nproc_source
     assert not plan.warnings
@@ -167,7 +173,8 @@ def test_gpus_from_the_jobs_exec_vnode(exec_vnode, hosts, gpus):
 
 
 def test_gpus_from_the_pbs_jobs_resources(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "pbs_job_gpus", lambda job_id, host: 2 if (job_id, host) == ("9.srv", "gpu01") else None)
+    monkeypatch.setattr(launch, "pbs_job_gpus",
+                        lambda job_id, host: 2 if (job_id, host) == ("9.srv", "gpu01") else None)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NCPUS": "16"}
     plan = launch.plan_from_env(env)
     assert plan.nproc_per_node == 2 and "exec_vnode" in plan.nproc_source
@@ -207,7 +214,8 @@ def test_slurm_two_nodes():
     port = launch.job_port("777")
     assert command_for(SLURM_STEP) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu07:{port}",
-        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1",
+        "--rdzv-id=slurm-777", "--rdzv-conf=is_host=0,join_timeout=300", "--max-restarts=3", SIGNALS, SCRIPT,
+        "--epochs", "1",
     ]
 
 
@@ -220,7 +228,8 @@ def test_slurm_cpu_node():
 
 def test_slurm_one_node_in_the_batch_script():
     env = {"SLURM_JOB_ID": "778", "SLURM_JOB_NODELIST": "gpu03", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "2"}
-    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3", SIGNALS, SCRIPT, "--epochs", "1"]
+    assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3",
+                                           SIGNALS, SCRIPT, "--epochs", "1"]
 
 
 def test_slurm_several_nodes_need_srun():
@@ -280,7 +289,8 @@ def assert_launcher_error(result, *words):
 
 def pbs_env(tmp_path, *hosts, **extra):
     env = clean_environment()
-    env.update(PBS_JOBID=extra.pop("job_id", "55.srv"), PBS_NODEFILE=nodefile(tmp_path, *hosts), NGPUS="0", NCPUS="2", **extra)
+    env.update(PBS_JOBID=extra.pop("job_id", "55.srv"), PBS_NODEFILE=nodefile(tmp_path, *hosts), NGPUS="0", NCPUS="2",
+               **extra)
     return env
 
 
@@ -291,10 +301,13 @@ def test_dry_run_says_what_it_derived_and_prints_a_command_that_runs(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0] == "launch.py: PBS job 55.srv"
     assert re.fullmatch(r"  this node +1 of 2 +PBS_NODENUM=1 \(this host, .*, is not named in PBS_NODEFILE\)", lines[2])
-    assert re.fullmatch(r"  processes +2 per node +no GPU \(CUDA_VISIBLE_DEVICES=\(empty\), so CPUs: NCPUS=2, at most 4\)", lines[3])
-    assert re.fullmatch(r"  restarts +up to 5 +torchrun --max-restarts; a restart continues from the last checkpoint; no --resume: a rerun job starts over", lines[5])
+    assert re.fullmatch(r"  processes +2 per node +no GPU "
+                        r"\(CUDA_VISIBLE_DEVICES=\(empty\), so CPUs: NCPUS=2, at most 4\)", lines[3])
+    assert re.fullmatch(r"  restarts +up to 5 +torchrun --max-restarts; a restart continues from the last checkpoint; "
+                        r"no --resume: a rerun job starts over", lines[5])
     # The node's place in the list is not its rank: torchrun's c10d rendezvous orders the nodes by host name.
-    assert re.fullmatch(r"  ranks +set by torchrun +c10d orders the nodes by host name; the pre-flight line shows each host's ranks", lines[6])
+    assert re.fullmatch(r"  ranks +set by torchrun +c10d orders the nodes by host name; "
+                        r"the pre-flight line shows each host's ranks", lines[6])
     # The command, over lines joined by backslash-newline as a shell joins them.
     command = shlex.split(result.stdout[result.stdout.index(sys.executable):].replace("\\\n", ""))
     assert command[:5] == [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2"]
@@ -315,7 +328,8 @@ def test_cli_empty_node_file(tmp_path):
 
 
 def test_cli_no_such_script(tmp_path):
-    assert_launcher_error(run_launcher("--dry-run", "scripts/no_such.py", env=pbs_env(tmp_path, "localhost")), "no such training script")
+    assert_launcher_error(run_launcher("--dry-run", "scripts/no_such.py", env=pbs_env(tmp_path, "localhost")),
+                          "no such training script")
 
 
 def assert_torchrun_never_started(result):
@@ -358,7 +372,8 @@ def test_two_gpus_per_process_starts_half_as_many_processes(tmp_path, gpus, proc
 
 
 def test_two_gpus_per_process_with_one_gpu_is_a_clear_error():
-    with pytest.raises(launch.LaunchError, match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node has 1"):
+    with pytest.raises(launch.LaunchError,
+                       match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node has 1"):
         launch.plan_from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "1"},
                              gpus_per_process=2)
 

@@ -130,7 +130,8 @@ def test_no_script_imports_torchvision_before_it_reads_a_data_set():
     or a ResNet-18 built (kit/datasets.py, more_models.py): the doctor and the demos that read none start
     without them. Every step, demo and tool imported in one process: none of them has imported either."""
     entries = [path.stem for path in sorted(SCRIPTS.glob("step*.py"))] + [
-        f"{folder}.{path.stem}" for folder in ("demos", "tools") for path in sorted((SCRIPTS / folder).glob("[!_]*.py"))]
+        f"{folder}.{path.stem}" for folder in ("demos", "tools")
+        for path in sorted((SCRIPTS / folder).glob("[!_]*.py"))]
     code = "import sys\n" + "".join(f"import {name}\n" for name in entries) + (
         "print(*(name for name in ('torchvision', 'torch._dynamo') if name in sys.modules))")
     done = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=script_env(PYTHONPATH=SCRIPTS), capture_output=True,

@@ -33,7 +33,8 @@ def rates(tmp_path_factory):
     for name, (processes, flags, _) in RUNS.items():
         folder = tmp_path_factory.mktemp(name.replace(" ", "-").replace(",", ""))
         command = (REPO / "tests" / "learning_rate_run.py", "--device", "cpu", "--epochs", 2, "--max-steps", STEPS,
-                   *flags, *SHORT_TEST_SPLIT, "--checkpoint-dir", folder / "checkpoints", "--results-dir", folder / "results")
+                   *flags, *SHORT_TEST_SPLIT, "--checkpoint-dir", folder / "checkpoints",
+                   "--results-dir", folder / "results")
         env = script_env(PYTHONPATH=SCRIPTS, LEARNING_RATE_LOG=folder / "rates")
         # The rule reads the world size alone: one process needs no torchrun (a launcher process less).
         done = run_python(*command, env=env) if processes == 1 else run_torchrun(*command, nproc=processes, env=env)

@@ -73,7 +73,8 @@ def test_a_model_that_is_not_a_resnet_is_refused_in_one_line(tmp_path):
 
 def runtime(local_rank, local_world_size, device="cuda"):
     return Runtime(rank=local_rank, local_rank=local_rank, world_size=local_world_size,
-                   local_world_size=local_world_size, device=torch.device(device, local_rank if device == "cuda" else None),
+                   local_world_size=local_world_size,
+                   device=torch.device(device, local_rank if device == "cuda" else None),
                    backend="nccl", threads=1, timeout=datetime.timedelta(seconds=60))
 
 

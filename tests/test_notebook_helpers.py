@@ -98,14 +98,17 @@ TORCHRUN_OUTPUT = """\
 device cpu, backend gloo, world size 2, 1 CPU thread(s) per process
 fault drill: rank 0 exits with status 3 after step 8
 [rank1]:[W1123 11:00:27.892497008 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=9): Failed to recv
-Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:790 (most recent call first):
+Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:790 \
+(most recent call first):
 frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f0c5bb5e60d in /x/libc10.so)
 <omitting python frames>
 frame #18: _start + 0x21 (0x55c9118bb081 in /x/bin/python)
 
 error: rank 1 lost a peer in a collective
-W1123 10:55:34.933000 3632 /x/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 3652 closing signal SIGTERM
-I1123 10:55:34.933000 3632 /x/torch/distributed/elastic/agent/server/api.py:946] [default] Worker group FAILED. 1/1 attempts left; will restart worker group
+W1123 10:55:34.933000 3632 /x/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 3652 \
+closing signal SIGTERM
+I1123 10:55:34.933000 3632 /x/torch/distributed/elastic/agent/server/api.py:946] [default] Worker group FAILED. \
+1/1 attempts left; will restart worker group
 resumed from checkpoints/x/checkpoint-00000008.pt: epoch 2, 2 of 63 batches done, step 8
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main

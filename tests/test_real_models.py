@@ -14,8 +14,8 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error, read_json, run_python,
-                      restarts_in, script_env, torchrun_command)
+from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error,
+                     read_json, run_python, restarts_in, script_env, torchrun_command)
 from lesson import data, models
 from kit import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
@@ -76,7 +76,8 @@ def test_batch_augmentation_is_torchvisions_crop_and_flip():
     train, _ = datasets.read_datasets("synthetic-cifar10", ".")
     _, to_tensor = datasets.cifar10_transforms()  # ToTensor + Normalize
     images, _ = datasets.as_tensors(torch.utils.data.Subset(train, range(4)))
-    tops, lefts, flips = torch.tensor([0, 8, 3, 5]), torch.tensor([8, 0, 4, 1]), torch.tensor([True, False, True, False])
+    tops, lefts, flips = (torch.tensor([0, 8, 3, 5]), torch.tensor([8, 0, 4, 1]),
+                          torch.tensor([True, False, True, False]))
     black = -torch.tensor(datasets.CIFAR10_MEAN) / torch.tensor(datasets.CIFAR10_STD)
     ours = datasets.crop_and_flip(images, tops, lefts, flips, datasets.CIFAR10_PADDING, black)
     for i in range(4):
@@ -260,5 +261,7 @@ def test_missing_cifar10_names_the_download_command(tmp_path):
 
 @pytest.mark.slow
 def test_cifar10_files_that_fail_the_md5_check_are_called_damaged(cifar):
-    done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18", "--data-dir", cifar["data_dir"])
-    assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)", "python scripts/tools/download_data.py cifar10")
+    done = run_python("step1_baseline.py", "--dataset", "cifar10", "--model", "resnet18",
+                      "--data-dir", cifar["data_dir"])
+    assert_one_line_error(done, "is damaged (their md5 sums are not CIFAR-10's)",
+                          "python scripts/tools/download_data.py cifar10")

@@ -168,7 +168,8 @@ def test_every_script_that_calls_set_epoch_is_checked_below():
 ORDERS_FROM_CASES = {"step4_ddp.py": "step4_ddp", "step2_allreduce.py": "step2_allreduce bucket"}
 
 
-@pytest.mark.parametrize("script", [script if script in ORDERS_FROM_CASES else pytest.param(script, marks=pytest.mark.slow)
+@pytest.mark.parametrize("script", [script if script in ORDERS_FROM_CASES
+                                    else pytest.param(script, marks=pytest.mark.slow)
                                     for script in SHUFFLING_SCRIPTS])  # slow: the scripts that need runs of their own
 def test_every_epoch_is_a_new_shuffle_and_a_missing_set_epoch_is_caught(script, tmp_path, case_run):
     extra = SHUFFLING_SCRIPTS[script](tmp_path)

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT), pytest.mark.
     reason="Slurm is not installed (no sbatch on PATH); `sudo bash .ci/start_slurm.sh` installs and starts one",
 )]
 
-DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+        "PREEMPTED"}
 WAIT_SECONDS = 600
 
 
@@ -63,11 +64,12 @@ def submitted(tmp_path_factory):
     jobs = {}
     # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it); the
     # doctor's jobs are in DOCTOR_JOBS.
-    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch")) if path.stem not in ("jupyter", "doctor")] + ["failing"]:
+    for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch"))
+                 if path.stem not in ("jupyter", "doctor")] + ["failing"]:
         script = "01_baseline" if step == "failing" else step
         env = clean_environment()
-        env["COURSE_ARGS"] = (f"{SHORT_RUN} --results-dir {out} --run-name {step} " + DATA.get(step, "").format(out=out) +
-                              (" --epochs 0" if step == "failing" else ""))
+        env["COURSE_ARGS"] = (f"{SHORT_RUN} --results-dir {out} --run-name {step} " +
+                              DATA.get(step, "").format(out=out) + (" --epochs 0" if step == "failing" else ""))
         env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / step)
         result = subprocess.run(
             ["sbatch", "--parsable", *overrides, f"--job-name=test-{step}", f"--output={out}/{step}-%j.out",
@@ -79,8 +81,9 @@ def submitted(tmp_path_factory):
     for name, (sbatch_options, variables, _) in DOCTOR_JOBS.items():
         env = {**clean_environment(), **variables}
         result = subprocess.run(
-            ["sbatch", "--parsable", *overrides, *sbatch_options, f"--job-name=test-{name}", f"--output={out}/{name}-%j.out",
-             "job_scripts/doctor.sbatch"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            ["sbatch", "--parsable", *overrides, *sbatch_options, f"--job-name=test-{name}",
+             f"--output={out}/{name}-%j.out", "job_scripts/doctor.sbatch"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, f"sbatch doctor.sbatch: {result.stderr}"
         jobs[name] = result.stdout.strip().split(";")[0]
 
@@ -110,7 +113,8 @@ SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
 DATA = {
     "06_cifar10_baseline": SYNTHETIC_CIFAR, "06_cifar10_ddp": SYNTHETIC_CIFAR, "06_cifar10_ddp_2nodes": SYNTHETIC_CIFAR,
     "06_model_parallel": SYNTHETIC_CIFAR,
-    "06_finetune_2nodes": "--data-dir {out}/finetune/imagefolder --weights {out}/finetune/resnet18-weights.pt --batch-size 2",
+    "06_finetune_2nodes": "--data-dir {out}/finetune/imagefolder --weights {out}/finetune/resnet18-weights.pt "
+                          "--batch-size 2",
 }
 
 EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
@@ -183,8 +187,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint(submitted):
     out = submitted["out"]
     env = clean_environment()
     # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
-    env["COURSE_ARGS"] = (f"--epochs 1 --max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600 "
-                          f"--results-dir {out} --run-name requeued")
+    env["COURSE_ARGS"] = (f"--epochs 1 --max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 "
+                          f"--fault-seconds 600 --results-dir {out} --run-name requeued")
     env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / "requeued")
     result = subprocess.run(["sbatch", "--parsable", *submitted["overrides"], "--job-name=test-requeued",
                              f"--output={out}/requeued.out", "job_scripts/04_ddp.sbatch"],
