@@ -41,7 +41,8 @@ def drawn_by():
 
 
 def machine():
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else [])
     return (f"{cpu_name()}, {os.cpu_count()} cores, {', '.join(gpus) if gpus else 'no GPU'}; "
             f"torch {torch.__version__}, Python {platform.python_version()}")
 
@@ -57,7 +58,8 @@ def stamp_rows(readme, names, stamp):
     for name in names:
         row = next((i for i, line in enumerate(lines) if line.startswith(f"| [{name}]({name}) |")), None)
         if row is None:
-            raise ValueError(f"figs/README.md has no row for {name}; add one (what it shows, the notebook that draws it)")
+            raise ValueError(f"figs/README.md has no row for {name}; "
+                             "add one (what it shows, the notebook that draws it)")
         cells = lines[row].rstrip().rstrip("|").split(" | ")
         if not cells[-1].startswith("diagram"):
             lines[row] = " | ".join(cells[:-1] + [stamp]) + " |"
@@ -68,7 +70,8 @@ def main():
     owners = drawn_by()
     missing = sorted(name for name in owners if not (DRAWN / name).is_file())
     if missing:
-        sys.exit(f"error: {', '.join(missing)} not in {DRAWN.relative_to(REPO)}; run `make figures` (it runs the notebooks first)")
+        sys.exit(f"error: {', '.join(missing)} not in {DRAWN.relative_to(REPO)}; "
+                 "run `make figures` (it runs the notebooks first)")
     readme = FIGS / "README.md"
     try:
         text = stamp_rows(readme.read_text(), sorted(owners), f"{datetime.date.today():%Y-%m-%d}: {machine()}")
