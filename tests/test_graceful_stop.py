@@ -24,7 +24,7 @@ import torch.distributed as dist
 from helpers import (PYTHON, REPO, RESUMABLE_RUN, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights,
                      run_outputs, run_python, run_torchrun, saved_weights, script_env, torchrun_command)
 from kit import checkpoints, launch_checks
-from machinery import cli, graceful_stop, signals, walltime
+from machinery import cli, graceful_stop, walltime
 from kit.errors import CourseError
 from notebook_support import rank_stacks
 
