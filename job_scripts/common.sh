@@ -43,9 +43,6 @@ course_checkpoint_dir() {
     echo "checkpoints/$name-${id//[^A-Za-z0-9_.-]/_}"
 }
 : "${COURSE_CHECKPOINT_DIR:=$(course_checkpoint_dir)}"
-# The training script's arguments: these first, so that COURSE_ARGS can override them.
-# shellcheck disable=SC2034
-COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_ARG_LIST[@]}")
 
 # Load the modules and the Python environment named in site.sh, and remember what that
 # changed in the environment (COURSE_SETUP_CHANGED, COURSE_SETUP_REMOVED): a multi-node
@@ -89,7 +86,7 @@ course_read_time_limit() {
     COURSE_LIMIT_ARG_LIST=() COURSE_LIMIT_TEXT=""
     if [[ -n ${PBS_JOBID:-} ]] && command -v qstat >/dev/null; then
         # A qstat that fails (a server this node cannot reach) leaves them empty: the job runs without a budget.
-        walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}') || walltime=""
+        walltime=$(course_walltime) || walltime=""
         grace=$(qstat -Qf "${PBS_QUEUE:-}" 2>/dev/null | awk '$1 == "kill_delay" {print $3}') || grace=""
         grace=${grace:-10}  # OpenPBS's default kill_delay (pbs_queue_attributes(7B))
         if [[ -n $walltime ]]; then
@@ -106,9 +103,16 @@ course_read_time_limit() {
         TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$(awk -v g="$grace" 'BEGIN {s = int(g); if (s < g) s++; print s}')
         export TORCH_ELASTIC_SHUTDOWN_TIMEOUT
     fi
+    # The training script's arguments: these first, so that COURSE_ARGS can override them.
     # shellcheck disable=SC2034  # used by the job scripts that source this file
     COURSE_TRAIN_ARG_LIST=(--resume --checkpoint-dir "$COURSE_CHECKPOINT_DIR" "${COURSE_LIMIT_ARG_LIST[@]}"
         "${COURSE_ARG_LIST[@]}")
+}
+
+# The PBS job's walltime as qstat -f gives it (Resource_List.walltime: HH:MM:SS); nothing where
+# the job has none, and a failure where qstat fails.
+course_walltime() {
+    qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}'
 }
 
 # Write what course_setup changed, and the umask, as a script that another node sources.
@@ -137,13 +141,62 @@ course_load_setup() {
         course_fail "python on $(hostname) is $(command -v python), not $expected as in the job shell; check PATH in job_scripts/site.sh"
 }
 
+# The PBS job's hosts, one a line, each once, in the order of PBS_NODEFILE (which may list a
+# host more than once).
+course_pbs_hosts() {
+    awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE"
+}
+
+# The run of a multi-node PBS job, the pbsdsh pattern of job_scripts/04_ddp_2nodes.pbs, in one
+# place for every such job: pbsdsh runs job_scripts/node_launch.sh once on every host of the job,
+# each with LAUNCH_ARGS for scripts/tools/launch.py, which becomes that host's torchrun.
+#   course_pbsdsh RUN [LAUNCH_ARGS...]
+# RUN runs pbsdsh in the job shell: course_train for a training run (its time limit, its signals,
+# its follow-up), or command to run it as it is. pbsdsh itself exits 0 always, so the job's status
+# is the nodes' own: each is printed, and a node that did not exit 0 fails the job with the line
+# COURSE_NODES_FAILED (a job whose nodes do something other than train sets its own).
+COURSE_NODES_FAILED="training failed on at least one node (status 'none': the node never ran node_launch.sh)"
+course_pbsdsh() {
+    local run=$1 node node_status status=0
+    local -a hosts
+    shift
+    # pbsdsh starts one task per line of the node file: a host listed twice would get two.
+    mapfile -t hosts < <(course_pbs_hosts)
+    (($(grep -c . "$PBS_NODEFILE") == ${#hosts[@]})) ||
+        course_fail "PBS_NODEFILE lists a host more than once ($(grep . "$PBS_NODEFILE" | paste -sd ' ' -)), so" \
+            "pbsdsh would start two launchers on it; ask for one chunk per host: mpiprocs=1 and -l place=scatter"
+
+    # A folder on the shared file system, seen by every node, for this job only (cleared
+    # first: a rerun job keeps its id). It holds the node file, the environment site.sh set
+    # up here, and each node's exit status. It is removed when the job shell exits.
+    COURSE_JOB_DIR="$PWD/.pbs_job.$PBS_JOBID"
+    rm -rf "$COURSE_JOB_DIR"
+    mkdir -p "$COURSE_JOB_DIR"
+    trap 'rm -rf "$COURSE_JOB_DIR"' EXIT
+    cp "$PBS_NODEFILE" "$COURSE_JOB_DIR/nodefile"
+    course_save_setup "$COURSE_JOB_DIR/setup.env"
+
+    echo "== pbsdsh: node_launch.sh on ${#hosts[@]} node(s): ${hosts[*]}"
+    "$run" pbsdsh -- /bin/bash "$PWD/job_scripts/node_launch.sh" "$PWD" "$COURSE_JOB_DIR" "$@"
+
+    for node in "${!hosts[@]}"; do
+        node_status=$(cat "$COURSE_JOB_DIR/node$node.status" 2>/dev/null || echo "none")
+        echo "== node $node (${hosts[node]}): exit status $node_status"
+        [[ $node_status == 0 ]] || status=1
+    done
+    if ((status != 0)); then
+        echo "job: error: $COURSE_NODES_FAILED" >&2
+    fi
+    return "$status"
+}
+
 # What a job log should start with: where it ran, on which GPUs, with which versions.
 course_log_env() {
     echo "== job ${PBS_JOBID:-${SLURM_JOB_ID:-(no job id)}} on $(hostname), $(date '+%Y-%m-%d %H:%M:%S')"
     echo "== course directory: $PWD"
     echo "== checkpoints: $COURSE_CHECKPOINT_DIR (the job resumes from the newest there)"
     if [[ -n ${PBS_NODEFILE:-} && -r ${PBS_NODEFILE:-} ]]; then
-        echo "== nodes (PBS_NODEFILE): $(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE" | paste -sd ' ' -)"
+        echo "== nodes (PBS_NODEFILE): $(course_pbs_hosts | paste -sd ' ' -)"
     elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
         echo "== nodes (SLURM_JOB_NODELIST): $SLURM_JOB_NODELIST"
     fi
@@ -242,7 +295,7 @@ course_continue() {
 # True when the job's SIGTERM came at the walltime (qdel before it is the user's wish to stop).
 course_past_walltime() {
     local walltime seconds=0 part
-    walltime=$(qstat -f "$PBS_JOBID" 2>/dev/null | awk '$1 == "Resource_List.walltime" {print $3}') || return 1
+    walltime=$(course_walltime) || return 1
     [[ -n $walltime && -n $COURSE_SIGTERM_AT ]] || return 1
     for part in ${walltime//:/ }; do seconds=$((seconds * 60 + 10#$part)); done
     ((COURSE_SIGTERM_AT + $(date +%s) - SECONDS - COURSE_JOB_START + 5 >= seconds))

@@ -63,12 +63,16 @@ TRAINING_JOBS = [path for path in PBS_JOBS + SLURM_JOBS if "COURSE_TRAIN_ARG_LIS
 def test_every_training_job_runs_under_torchrun_so_a_dead_worker_is_restarted(path):
     """Single-process steps too, as a group of one: torchrun --max-restarts restarts it from its checkpoint."""
     command = path.read_text().replace("\\\n", " ")
-    assert re.search(r"(scripts/tools/launch\.py|job_scripts/node_launch\.sh)\b.*\bscripts/step\w+\.py", command)
+    assert re.search(r"(scripts/tools/launch\.py|job_scripts/node_launch\.sh|course_pbsdsh)\b.*\bscripts/step\w+\.py",
+                     command)
     assert not re.search(r"python scripts/step", command), "a training script started without torchrun"
 
 
 def test_the_node_launcher_starts_torchrun_through_launch_py():
+    """The multi-node PBS jobs' way there: course_pbsdsh (common.sh) runs node_launch.sh, which runs launch.py."""
     assert "python scripts/tools/launch.py" in (JOB_SCRIPTS / "node_launch.sh").read_text()
+    course_pbsdsh = re.search(r"^course_pbsdsh\(\) \{\n(.*?)^\}", (JOB_SCRIPTS / "common.sh").read_text(), re.M | re.S)
+    assert course_pbsdsh and 'pbsdsh -- /bin/bash "$PWD/job_scripts/node_launch.sh"' in course_pbsdsh[1]
 
 
 def test_there_are_training_jobs_of_one_process_and_of_many():
