@@ -82,7 +82,7 @@ gpu-check: $(ENV)
 ## job logs (ddp*.o<id> from PBS, ddp*-<id>.out from Slurm), caches. Your notebooks in workspace/ and downloaded
 ## data in data/ stay.
 clean:
-	rm -rf results checkpoints .pytest_cache .pbs_job.*
+	rm -rf results checkpoints .pytest_cache .ruff_cache .pbs_job.*
 	rm -f ddp*.o[0-9]* ddp*-[0-9]*.out
 	find . \( -path ./.venv -o -path ./.git -o -path ./workspace \) -prune -o \
 		\( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
