@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402, I001 (first: it puts scripts/ on sys.path for step2_allreduce)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -91,7 +92,8 @@ def sweep(sizes, device, budget_bytes):
 
 def gradient_allreduce(device, model_name, iterations):
     """Time step2_allreduce.py's two after-backward averages on the model's real gradients."""
-    model = models.build_model(argparse.Namespace(model=model_name, dropout=False, seed=0)).to(device)
+    torch.manual_seed(0)  # the model alone, with no data set or flags: only its gradients' sizes are timed
+    model = models.MODELS[model_name](dropout=False, num_classes=10).to(device)
     sample = torch.randn(2, *INPUT_SHAPES[model_name], device=device)
     model(sample).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]

@@ -16,11 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
-from lesson import models  # noqa: E402
+
+from benchmarks import common  # noqa: E402
 from kit import checkpoints  # noqa: E402
+from lesson import models  # noqa: E402
 
 MODELS = {"net": models.Net, "resnet18": models.MODELS["resnet18"]}
 

@@ -19,9 +19,9 @@ if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
 import torch  # noqa: E402
+
 from lesson import process  # noqa: E402
 from machinery import reporting  # noqa: E402
-
 
 SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 

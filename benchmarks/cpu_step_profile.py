@@ -12,15 +12,16 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import report  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from lesson import models  # noqa: E402
-from kit import mfu  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from benchmarks import common, report  # noqa: E402
+from kit import mfu  # noqa: E402
+from lesson import models  # noqa: E402
 
 # Profiler operator names -> group. Anything not listed is element-wise work or pooling.
 CONVOLUTION = {"aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution"}

@@ -35,10 +35,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import report  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
+
+from benchmarks import common, report  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ METHODS = [
     Method("DDP no_sync, accumulate 4", "step4_ddp.py", True, ("--accumulate", "4")),
     Method("one process, pytorch/examples recipe", "step1_baseline.py", False,
            ("--loader", "dataloader", "--workers", "1", "--pin-memory", "--optimizer", "adadelta", "--lr", "1.0"),
-           needs_gpu="the pytorch/examples MNIST recipe is compared on a GPU (on a CPU: benchmarks/time_to_accuracy.py)"),
+           needs_gpu="the pytorch/examples MNIST recipe is compared on a GPU "
+                     "(on a CPU: benchmarks/time_to_accuracy.py)"),
 ]
 
 MODELS = [
@@ -311,7 +313,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: each model's own)")
     parser.add_argument("--max-steps", type=int, default=None, help="cap every epoch at this many steps (quick runs)")
-    parser.add_argument("--methods", nargs="+", default=None, help="names from the METHODS table (default: all)")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="names from the METHODS table (default: all); a target whose runs are left out is "
+                             "reported as not measured")
     parser.add_argument("--models", nargs="+", default=None, help="names from the MODELS table (default: all)")
     parser.add_argument("--records", type=Path, default=common.DEFAULT_RECORDS, help="where the JSON record goes")
     args = parser.parse_args(argv)
@@ -322,31 +326,38 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def measure_everything(args):
+    """Every chosen method and model, each model with its own number of epochs: the record, without targets."""
     methods = [m for m in METHODS if args.methods is None or m.name in args.methods]
     models = [replace(m, max_steps=args.max_steps or m.max_steps) for m in MODELS
               if args.models is None or m.name in args.models]
     machine = Machine(gpus=torch.cuda.device_count(), cores=common.usable_cores())
-    runs = plan(methods, models, machine)
     epochs_by_model = {model.name: args.epochs or model.epochs for model in models}
     runs_by_epochs = {}
-    for run in runs:  # each model with its own number of epochs
+    for run in plan(methods, models, machine):
         runs_by_epochs.setdefault(epochs_by_model[run.model.name], []).append(run)
     rows, loads = [], []
     for epochs, group in runs_by_epochs.items():
         group_rows, group_loads = measure(group, args.repeats, epochs, machine)
         rows += group_rows
         loads += group_loads
-    record = {
+    return {
         "benchmark": "harness", "repeats": args.repeats, "epochs": epochs_by_model,
         "machine": {"gpus": machine.gpus, "cores": machine.cores},
         "hardware": common.hardware(), "load_average": {"max": max(loads, default=None), "samples": loads},
         "models": {m.name: asdict(m) for m in models}, "rows": rows, "skipped": machine.skipped,
     }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    record = measure_everything(args)
+    # Written before the targets are judged, and again with them: what took minutes to measure is kept even if
+    # judging or printing it fails.
+    path = common.write_record(args.records, "harness", record)
     record["targets"] = report.check_targets(record)
+    common.write_record(args.records, "harness", record, path, say=False)
     print("\n" + report.render(record))
-    common.write_record(args.records, "harness", record)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 import matplotlib  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-import report  # noqa: E402
+
+from benchmarks import common, report  # noqa: E402
 
 FIGS = common.REPO / "figs"
 
@@ -79,7 +80,8 @@ def step_split_figure(record, model="net"):
         reference = total if reference is None else reference * 1e3
         separable = reference <= total  # else other work slowed the runs unevenly (see report.step_split)
         reference = min(reference, total)
-        labels.append(f"{textwrap.fill(row['method'], 14)}\n{report.layout_text(row, gpus)}" + ("" if separable else "\n(no split)"))
+        labels.append(f"{textwrap.fill(row['method'], 14)}\n{report.layout_text(row, gpus)}"
+                      + ("" if separable else "\n(no split)"))
         compute.append(reference)
         communication.append(max(total - reference, 0.0))
     fig, ax = plt.subplots(figsize=(9, 4))

@@ -21,12 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import report  # noqa: E402
+if __name__ == "__main__":  # run as a file: the repository root, not this folder, goes on sys.path (__init__.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
-from lesson import data, loop, models, process  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+from benchmarks import common, report  # noqa: E402
+from lesson import data, loop, models, process  # noqa: E402
+from machinery import cli  # noqa: E402
 
 RECIPES = {
     "pytorch-examples": ("dataloader", "adadelta", 1.0, 64),
@@ -41,9 +43,9 @@ def parse_recipe(text):
 
 def run_once(recipe, train_set, test_set, args, runtime, seed):
     loader, optimizer_name, lr, batch_size = recipe
-    run_args = argparse.Namespace(dataset="mnist5k", data_dir=common.REPO / "data", loader=loader, workers=0,
-                                  pin_memory=False, optimizer=optimizer_name, lr=lr, gamma=0.7, model="net",
-                                  dropout=True, seed=seed)
+    # The scripts' own flags, so that every flag the lesson reads has the default a run of step 1 has.
+    run_args = cli.parse_args(["--loader", loader, "--optimizer", optimizer_name, "--lr", str(lr),
+                               "--batch-size", str(batch_size), "--seed", str(seed), "--device", "cpu"])
     model = models.build_model(run_args)  # seeded from seed: every recipe starts from the same weights
     sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed)
     batches = data.train_batches(train_set, sampler, batch_size, run_args, runtime.device)

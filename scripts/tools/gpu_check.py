@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 BENCHMARKS = REPO / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+sys.path.insert(0, str(REPO))  # for the package benchmarks/
 
 NEEDED = ("torch", "torchvision", "tqdm", "matplotlib")
 _missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
@@ -42,8 +42,9 @@ if _missing:
              f"({sys.executable} -m pip install {' '.join(_missing)}) or name a Python that has them: "
              "make gpu-check PY=/path/to/python")
 
-import common  # noqa: E402
 import torch  # noqa: E402
+
+from benchmarks import common  # noqa: E402
 
 SHORT = ("--epochs", "2", "--max-steps", "20")  # enough steps to leave the first epoch's start-up behind
 
