@@ -73,7 +73,8 @@ def pytest_configure(config):
 # order decides when a test runs, never what it sees; the Makefile's --no-loadscope-reorder keeps it (xdist
 # would otherwise order the files by their number of tests). The other files follow in collection order.
 LONGEST_FIRST = ["tests/test_pbs.py", "tests/test_slurm.py", "tests/test_graceful_stop.py", "tests/test_beyond.py",
-                 "tests/test_hangs.py", "tests/test_scripts.py", "tests/test_real_models.py", "tests/test_benchmarks.py",
+                 "tests/test_hangs.py", "tests/test_scripts.py", "tests/test_real_models.py",
+                 "tests/test_benchmarks.py",
                  "tests/test_checkpoints.py", "tests/test_errors.py", "notebooks/09_when_it_hangs.ipynb",
                  "notebooks/00_concepts.ipynb", "notebooks/04_ddp.ipynb", "notebooks/05_checkpoints_and_faults.ipynb"]
 

@@ -75,7 +75,8 @@ def stratified_split(labels: np.ndarray, rng: np.random.Generator) -> tuple[np.n
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
-    """IDX format: big-endian magic 0x00000800 + type 0x08 (uint8) in the low byte + ndim, then the dims, then the data."""
+    """IDX format: big-endian magic 0x00000800 + type 0x08 (uint8) in the low byte + ndim, then the dims, then the
+    data."""
     magic = 0x00000800 | array.ndim  # 0x803 for images (N, 28, 28), 0x801 for labels (N,)
     header = struct.pack(f">I{array.ndim}I", magic, *array.shape)
     path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from lesson import data, loop, models, process
 from kit import agreement, datasets
+from lesson import data, loop, models, process
 from machinery import cli, finetune, job  # flags, checkpoints, records: a learner may skip them
 
 

@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
+from kit.errors import CourseError
 from lesson import data, loop, models, process
 from lesson.model_parallel import TwoDeviceResNet, replica_devices
 from machinery import cli, job  # flags, checkpoints, records: a learner may skip them
-from kit.errors import CourseError
 
 
 def add_arguments(parser):

@@ -9,8 +9,8 @@ tells how many steps it has seen. Run with scripts/ on PYTHONPATH.
 import torch
 
 import step1_baseline
-from lesson import loop
 from kit import precision
+from lesson import loop
 from machinery import cli
 
 INITIAL_SCALE = 2.0 ** 10

@@ -10,10 +10,22 @@ import subprocess
 import pytest
 import torch
 
-from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
-from helpers import (BEYOND_DEMO_GROUPS, MICRO_BATCHES, PYTHON, REPO, SCRIPTS, assert_ok, assert_one_line_error,
-                     error_lines, read_json, run_python, run_torchrun, script_env)
 from demos import beyond_ddp
+from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
+from helpers import (
+    BEYOND_DEMO_GROUPS,
+    MICRO_BATCHES,
+    PYTHON,
+    REPO,
+    SCRIPTS,
+    assert_ok,
+    assert_one_line_error,
+    error_lines,
+    read_json,
+    run_python,
+    run_torchrun,
+    script_env,
+)
 from lesson import models
 from step2b_own_ddp import buckets_in_reverse_order
 

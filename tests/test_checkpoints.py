@@ -15,10 +15,21 @@ import subprocess
 import pytest
 import torch
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, RESUMABLE_RUN, assert_ok, read_json,
-                     run_python, run_torchrun, script_env, torchrun_command)
-from lesson import models
+from helpers import (
+    REPO,
+    RESUMABLE_RUN,
+    assert_ok,
+    assert_same_weights,
+    read_json,
+    run_outputs,
+    run_python,
+    run_torchrun,
+    saved_weights,
+    script_env,
+    torchrun_command,
+)
 from kit import checkpoints
+from lesson import models
 
 pytestmark = pytest.mark.slow  # every test here compares runs that are killed, stopped or resumed
 

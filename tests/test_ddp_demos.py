@@ -4,9 +4,10 @@ threads each rank still has then, counted by the exit hook of tests/gloo_exit_ho
 once for the session (tests/conftest.py, ddp_mechanics_run), and test_exercises.py reads it too."""
 import torch
 
-from demos import ddp_mechanics as ddp_demos, runner
-from lesson.models import Net
+from demos import ddp_mechanics as ddp_demos
+from demos import runner
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, gloo_threads_at_exit
+from lesson.models import Net
 
 
 def test_every_demo_prints_its_section(ddp_mechanics_run):

@@ -58,8 +58,8 @@ def test_fine_tuning_downloads_fail_in_one_line_too(name, tmp_path):
 def test_the_weights_go_where_train_finetune_reads_them(tmp_path, monkeypatch):
     """The torch hub cache under TORCH_HOME: the one file both scripts name."""
     sys.path.insert(0, str(SCRIPT.parent))
-    from tools import download_data
     from machinery import finetune
+    from tools import download_data
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
     args = download_data.parse_args(["resnet18-weights"])
@@ -71,9 +71,9 @@ def test_the_weights_go_where_train_finetune_reads_them(tmp_path, monkeypatch):
 
 def test_the_ants_and_bees_go_where_the_imagefolder_default_reads_them(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
-    from tools import download_data
     import step6_finetune
     from machinery import cli
+    from tools import download_data
 
     args = download_data.parse_args(["hymenoptera", "--data-dir", str(tmp_path)])
     assert download_data.destination("hymenoptera", args) == tmp_path / "hymenoptera_data"

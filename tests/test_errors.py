@@ -13,8 +13,18 @@ import subprocess
 
 import pytest
 
-from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, error_lines, reserved_port,
-                     run_python, run_torchrun, script_env)
+from helpers import (
+    PYTHON,
+    REPO,
+    SCRIPTS,
+    assert_one_line_error,
+    error_lines,
+    output_folders,
+    reserved_port,
+    run_python,
+    run_torchrun,
+    script_env,
+)
 from machinery import cli
 
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
-from lesson import data, loop, models, process
-from kit import datasets
-from machinery.cli import DEFAULT_DATA_DIR
 from distributed_helpers import run_in_group
+from kit import datasets
+from lesson import data, loop, models, process
+from machinery.cli import DEFAULT_DATA_DIR
 
 ODD_SIZE = 999  # divides neither by 2 nor by the evaluation batch
 

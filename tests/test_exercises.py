@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from helpers import REPO
-from lesson import data, models
 from kit import datasets, more_models
+from lesson import data, models
 from notebook_support import exercises
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
 from notebook_support.exercises.registry import MODULE_PREFIX, notebook_of

@@ -14,12 +14,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import (output_folders, PYTHON, REPO, SCRIPTS, assert_one_line_error, reserved_port, run_torchrun,
-                     script_env)
-from lesson import process
+from helpers import (
+    PYTHON,
+    REPO,
+    SCRIPTS,
+    assert_one_line_error,
+    output_folders,
+    reserved_port,
+    run_torchrun,
+    script_env,
+)
 from kit import launch_checks
-from machinery import stragglers
 from kit.errors import CourseError
+from lesson import process
+from machinery import stragglers
 
 SHORT = ("--epochs", 1, "--max-steps", 8, "--batch-size", 32)
 

@@ -9,14 +9,14 @@ the run starts from exactly that file, trains what --finetune says, and validate
 import pytest
 import torch
 
-from helpers import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
 import step6_finetune
-from lesson import models
-from kit import datasets, more_models
-from machinery import finetune
-from machinery.cli import parse_args
 from data_makers import write_image_folder, write_resnet18_weights
 from distributed_helpers import run_in_group
+from helpers import assert_ok, assert_one_line_error, read_json, run_python, run_torchrun, script_env
+from kit import datasets, more_models
+from lesson import models
+from machinery import finetune
+from machinery.cli import parse_args
 
 # 2 classes: 8 training images, one step of 4 per rank (a ResNet-18 step at 224 x 224 costs seconds here), and
 # 8 validation images.

@@ -21,11 +21,24 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import (PYTHON, REPO, RESUMABLE_RUN, SCRIPTS, assert_ok, assert_one_line_error, assert_same_weights,
-                     run_outputs, run_python, run_torchrun, saved_weights, script_env, torchrun_command)
+from helpers import (
+    PYTHON,
+    REPO,
+    RESUMABLE_RUN,
+    SCRIPTS,
+    assert_ok,
+    assert_one_line_error,
+    assert_same_weights,
+    run_outputs,
+    run_python,
+    run_torchrun,
+    saved_weights,
+    script_env,
+    torchrun_command,
+)
 from kit import checkpoints, launch_checks
-from machinery import cli, graceful_stop, walltime
 from kit.errors import CourseError
+from machinery import cli, graceful_stop, walltime
 from notebook_support import rank_stacks
 
 RUN = RESUMABLE_RUN  # 2 epochs of 6 steps (tests/helpers.py); `uninterrupted` runs it (tests/conftest.py)

@@ -164,7 +164,8 @@ def test_modules_asked_for_without_a_module_command_is_an_error():
     assert result.returncode == 1 and "loaded" not in result.stdout
     assert result.stderr.strip() == (
         "job: error: modules are asked for (COURSE_MODULES='cuda/12.4') but this shell has no 'module' command; "
-        "set COURSE_MODULES=\"\" and COURSE_MODULE_PATH=\"\" in job_scripts/site.sh, or ask your site how batch jobs load modules"
+        "set COURSE_MODULES=\"\" and COURSE_MODULE_PATH=\"\" in job_scripts/site.sh, or ask your site how batch jobs "
+        "load modules"
     )
 
 
@@ -211,7 +212,8 @@ def test_a_node_that_cannot_run_the_jobs_python_says_so(tmp_path):
     saved = tmp_path / "setup.env"
     saved.write_text("export COURSE_PYTHON=/scratch/node-local/venv/bin/python\n")
     task = subprocess.run(
-        ["env", "-i", "PATH=/bin:/usr/bin", "bash", "-c", f"set -euo pipefail; source job_scripts/common.sh; course_load_setup {saved}"],
+        ["env", "-i", "PATH=/bin:/usr/bin", "bash", "-c",
+         f"set -euo pipefail; source job_scripts/common.sh; course_load_setup {saved}"],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert task.returncode == 1
     assert "cannot run /scratch/node-local/venv/bin/python, the python the job shell set up" in task.stderr

@@ -8,8 +8,15 @@ import sys
 
 import pytest
 
-from cluster_helpers import (LAUNCHER, REPO, SHORT_RUN, clean_environment, job_whose_port_is_taken, load_launcher,
-                             read_record)
+from cluster_helpers import (
+    LAUNCHER,
+    REPO,
+    SHORT_RUN,
+    clean_environment,
+    job_whose_port_is_taken,
+    load_launcher,
+    read_record,
+)
 
 launch = load_launcher()
 SCRIPT = "scripts/step4_ddp.py"

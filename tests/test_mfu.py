@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lesson import models
 from kit import mfu
+from lesson import models
 
 
 class FakeDataParallel(nn.DataParallel):

@@ -10,10 +10,10 @@ import datetime
 import pytest
 import torch
 
-from lesson import model_parallel
-from helpers import run_outputs, saved_weights, assert_ok, assert_one_line_error, read_json, run_python, run_torchrun
+from helpers import assert_ok, assert_one_line_error, read_json, run_outputs, run_python, run_torchrun, saved_weights
 from kit import more_models
 from kit.errors import CourseError
+from lesson import model_parallel
 from lesson.process import Runtime
 
 # 2 epochs of 2 steps on synthetic CIFAR-shaped images, a checkpoint every 3 steps and at each epoch end: steps 2,

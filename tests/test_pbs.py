@@ -41,11 +41,19 @@ import pytest
 import torch
 
 from cluster_helpers import (
-    BATCH_TIMEOUT, JOB_SCRIPTS, STAND_INS, clean_environment, copy_course_for, pbs_as_root, pbs_as_user, pbs_setup,
-    read_record, wait_for_file,
+    BATCH_TIMEOUT,
+    JOB_SCRIPTS,
+    STAND_INS,
+    clean_environment,
+    copy_course_for,
+    pbs_as_root,
+    pbs_as_user,
+    pbs_setup,
+    read_record,
+    wait_for_file,
 )
-from kit.checkpoints import checkpoints_in
 from data_makers import write_image_folder, write_resnet18_weights
+from kit.checkpoints import checkpoints_in
 
 SETUP, NO_PBS = pbs_setup()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT),
@@ -143,8 +151,9 @@ JOBS = {
     # The fine-tune (the SageMaker DDP tutorial) from a weights file, on a small ImageFolder of PNG digits.
     "06_finetune_2nodes.pbs": Submission(
         "06_finetune_2nodes.pbs", TWO_HOSTS_ONE_CPU,
-        {"COURSE_ARGS": short_run("06_finetune_2nodes", f"--data-dir {FINETUNE_DATA}/imagefolder "
-                                                        f"--weights {FINETUNE_DATA}/resnet18-weights.pt --batch-size 4")},
+        {"COURSE_ARGS": short_run("06_finetune_2nodes",
+                                  f"--data-dir {FINETUNE_DATA}/imagefolder "
+                                  f"--weights {FINETUNE_DATA}/resnet18-weights.pt --batch-size 4")},
         record={"script": "step6_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
         log_has=("--finetune head: 1,026 of 11,177,538 parameters train", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
     ),
@@ -163,7 +172,8 @@ JOBS = {
                  re.compile(rf"^1 +{NODE2} +1 +0 +none +unset +2 \(", re.M),
                  "all_reduce with gloo: the sum of ones is 2, the world size",
                  "probe between 2 nodes: all_reduce of 16 MiB",
-                 "doctor: no problem found", f"== node 0 ({HEAD}): exit status 0", f"== node 1 ({NODE2}): exit status 0"),
+                 "doctor: no problem found", f"== node 0 ({HEAD}): exit status 0",
+                 f"== node 1 ({NODE2}): exit status 0"),
         check=lambda log, record: doctor_diagnosed(log, []),
     ),
     "jupyter.pbs": Submission(
@@ -215,7 +225,8 @@ VARIANTS = {
     "fails": lambda venv, copy: Submission(
         "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("fails", "--epochs 0")},
         # torchrun tries the group of one again (--max-restarts), then fails with its own status, 1.
-        exit_status=1, log_has=("step1_baseline.py: error: argument --epochs: must be at least 1, got 0", "== exit status 1"),
+        exit_status=1,
+        log_has=("step1_baseline.py: error: argument --epochs: must be at least 1, got 0", "== exit status 1"),
     ),
     "fails_on_the_nodes": lambda venv, copy: Submission(
         "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
@@ -228,7 +239,8 @@ VARIANTS = {
         {"COURSE_ARGS": short_run("worker_killed", "--checkpoint-every 1 --fault kill --fault-rank 1 --fault-step 2")},
         record={"script": "step4_ddp", "world_size": 2, "resumed_at_step": 2},
         log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
-                 re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: epoch 1, 2 of \d+ batches done"),
+                 re.compile(r"resumed from checkpoints/ddp04_2nodes-\d+\.\S+/checkpoint-00000002\.pt: "
+                            r"epoch 1, 2 of \d+ batches done"),
                  "== node 0 (", "== node 1 (", "exit status 0"),
     ),
     # The doctor in a job granted one core per host: one rank per host, and no core for anything else.
@@ -253,8 +265,9 @@ VARIANTS = {
     "packed": lambda venv, copy: Submission(
         "04_ddp_2nodes.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
         {"COURSE_ARGS": short_run("packed")},
-        exit_status=1, log_has=(re.compile(r"job: error: PBS_NODEFILE lists a host more than once \((\S+) \1\), so pbsdsh "
-                                           r"would start two launchers on it; ask for one chunk per host"),),
+        exit_status=1,
+        log_has=(re.compile(r"job: error: PBS_NODEFILE lists a host more than once \((\S+) \1\), so pbsdsh "
+                            r"would start two launchers on it; ask for one chunk per host"),),
     ),
 }
 
@@ -330,7 +343,8 @@ def finished(pbs, course):
     for name, process in running.items():
         log = wait_for_file(course / "logs" / f"{name}.log") or "(no job output file)"
         record_path = course / "results" / f"{submissions[name].run_name}.json"
-        results[name] = (process.returncode, answers[name], log, read_record(record_path) if record_path.exists() else None)
+        record = read_record(record_path) if record_path.exists() else None
+        results[name] = (process.returncode, answers[name], log, record)
     return submissions, results
 
 
@@ -351,7 +365,8 @@ def answers_of(running, pbs):
                     job_id = output.split()[0] if output.strip() else ""
                     if job_id:
                         pbs_as_root(pbs, "qdel", "-W", "force", job_id)
-                    answers[name] = output + f"\n(no answer from qsub -W block=true, nor from any other, for {JOB_SECONDS} s)"
+                    answers[name] = (output + f"\n(no answer from qsub -W block=true, nor from any other, for "
+                                              f"{JOB_SECONDS} s)")
         time.sleep(1)
     return answers
 
@@ -421,7 +436,8 @@ def test_qsub_takes_the_job_unedited(pbs, course, job):
 
 
 def test_this_pbs_is_vanilla_so_the_check_above_can_fail(pbs, course):
-    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && qsub -h -l select=1:ncpus=1:ngpus=1 job_scripts/01_baseline.pbs")
+    answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && "
+                              "qsub -h -l select=1:ncpus=1:ngpus=1 job_scripts/01_baseline.pbs")
     assert answer.returncode != 0 and "Unknown resource: ngpus" in answer.stderr
 
 
@@ -433,7 +449,8 @@ PROBE = """#!/bin/bash
 # Each pbsdsh task runs the launcher's dry run, as node_launch.sh would run it.
 cd "$PBS_O_WORKDIR"
 cp "$PBS_NODEFILE" "logs/nodefile.$PBS_JOBID"
-pbsdsh -- /bin/bash -c "cd $PWD && PBS_NODEFILE=$PWD/logs/nodefile.$PBS_JOBID .venv/bin/python scripts/tools/launch.py --dry-run scripts/step4_ddp.py"
+pbsdsh -- /bin/bash -c "cd $PWD && PBS_NODEFILE=$PWD/logs/nodefile.$PBS_JOBID \\
+    .venv/bin/python scripts/tools/launch.py --dry-run scripts/step4_ddp.py"
 """
 
 
@@ -496,7 +513,8 @@ def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
     run = short_run("rerun", "--max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600")
     submission = Submission("04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": run})
     line = qsub_line(course, "rerun", submission).replace("qsub ", "qsub -N rerun_test ", 1)
-    waiting = subprocess.Popen([pbs["PBS_USER_COMMAND"], line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    waiting = subprocess.Popen([pbs["PBS_USER_COMMAND"], line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     try:
         for _ in range(1200):
             written = list((course / "checkpoints").glob("rerun_test-*/checkpoint-00000002.pt"))

@@ -14,11 +14,23 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import (run_outputs, saved_weights, assert_same_weights, REPO, SCRIPTS, assert_ok, assert_one_line_error,
-                     read_json, run_python, restarts_in, script_env, torchrun_command)
-from lesson import data, models
-from kit import datasets, more_models
 from data_makers import accepting_any_md5, write_cifar10
+from helpers import (
+    REPO,
+    SCRIPTS,
+    assert_ok,
+    assert_one_line_error,
+    assert_same_weights,
+    read_json,
+    restarts_in,
+    run_outputs,
+    run_python,
+    saved_weights,
+    script_env,
+    torchrun_command,
+)
+from kit import datasets, more_models
+from lesson import data, models
 
 PER_BATCH, TEST_IMAGES = 40, 40  # 5 x 40 = 200 training images
 # 2 epochs of 2 steps (a ResNet-18 step costs about half a CPU second, its checkpoint as much), a checkpoint every

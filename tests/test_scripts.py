@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
+from data_makers import write_image_folder, write_resnet18_weights
 from gloo_exit_hook import COUNTS_THREADS_IN_PROC, exit_env, gloo_threads_at_exit
 from helpers import PYTHON, REPO, SCRIPTS, assert_ok, read_json, run_python, script_env
-from data_makers import write_image_folder, write_resnet18_weights
 
 # Three epochs (so three data orders, for the set_epoch checks below) of four steps each: past the three
 # warm-up steps within the first epoch, so that every epoch has a steady rate, hence an MFU.

@@ -39,10 +39,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import step2b_own_ddp as own_ddp
 from demos import runner
 from demos.runner import say
-from lesson import models
 from kit import agreement, more_models, sync_batchnorm
-from machinery import cli
 from kit.errors import CourseError, first_line
+from lesson import models
+from machinery import cli
 from step2_allreduce import average_gradients_bucket
 
 

@@ -41,12 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 
 import torch
 import torch.distributed as dist
-
 from torch import nn
 
 from demos import runner
-from lesson import models, process
 from kit import agreement
+from lesson import models, process
 from machinery import cli
 from step2_allreduce import average_gradients_bucket, average_gradients_per_parameter
 

@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from demos import runner
 from demos.runner import say
-from lesson import models
 from kit import agreement
+from lesson import models
 from machinery import cli
 
 

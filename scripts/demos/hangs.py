@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 
 from demos import runner
+from kit.errors import first_line
 from lesson import process
 from machinery import cli, stragglers
-from kit.errors import first_line
 
 
 def parse_args(argv=None):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's packages and steps
 
-from notebook_support import rank_stacks
 from kit.output_paths import REPO
+from notebook_support import rank_stacks
 
 PYTHON_HEADER = re.compile(r"^(Python v\S+) \(.*\)$", re.M)
 # Whatever leads up to an install folder, as torch's log lines name it (relative to the first folder on sys.path

@@ -35,9 +35,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 import step2b_own_ddp as own_ddp
 from demos import runner
+from kit.errors import CourseError
 from lesson import data, loop, models
 from machinery import cli
-from kit.errors import CourseError
 from step2_allreduce import average_gradients_bucket, average_gradients_per_parameter
 
 AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]

@@ -22,10 +22,9 @@ import signal
 import sys
 import time
 
-from lesson.loop import Callback
-
 from kit import checkpoints
 from kit.launch_checks import first_attempt, restart_count
+from lesson.loop import Callback
 
 from . import signals
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from lesson.models import unwrap
-
 from kit.errors import CourseError, first_line
+from lesson.models import unwrap
 
 HEAD = "fc."  # ResNet's output layer
 

@@ -26,13 +26,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lesson.loop import Callback
-from lesson.models import unwrap
-
 from kit import checkpoints
 from kit.agreement import fail_together
 from kit.errors import CourseError
 from kit.output_paths import display_path
+from lesson.loop import Callback
+from lesson.models import unwrap
 
 from .signals import Stopped, received, set_stuck_after
 from .walltime import clock, job_start

@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lesson.loop import Callback, sum_over_ranks, synchronize
-
 from kit import mfu
 from kit.output_paths import display_path
+from lesson.loop import Callback, sum_over_ranks, synchronize
 
 WARMUP_STEPS = 3
 

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import torch
 
-from lesson.loop import Callback
-from lesson.models import unwrap
-
 from kit import checkpoints, launch_checks, output_paths
 from kit.agreement import agree, fail_together, gather_from_all_ranks
 from kit.errors import CourseError
 from kit.output_paths import display_path
+from lesson.loop import Callback
+from lesson.models import unwrap
 
 
 class Checkpointing(Callback):

@@ -13,9 +13,8 @@ import time
 
 import torch.distributed as dist
 
-from lesson.loop import Callback
-
 from kit.errors import first_line
+from lesson.loop import Callback
 
 ACTIVE = []  # the watch of this process, once a Trainer has one: what cli.run asks
 

@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 import torch
 import torch.distributed as dist
 
-from lesson import process
-from kit import launch_checks
-from machinery import cli
+from kit import agreement, launch_checks
 from kit.errors import CourseError
+from lesson import process
+from machinery import cli
 from tools import launch
 
 
@@ -348,7 +348,7 @@ def main(args):
     if not launch_checks.launched_by_torchrun():
         launch_checks.use_world_of_one()  # plain python: a world of one, as the training scripts do
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    reports = process.gather_from_all_ranks(this_rank())
+    reports = agreement.gather_from_all_ranks(this_rank())
     me = reports[dist.get_rank()]
     source, listed = granted_hosts()
     problems = diagnose(reports, source, listed)

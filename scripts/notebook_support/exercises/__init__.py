@@ -18,7 +18,6 @@ Each notebook's checks are in a module named after it (``nb01_baseline.py`` for
 ``01_baseline.ipynb``); ``registry.py`` registers them. The notebooks call them from here,
 as ``exercises.check_flops(...)``. ``EXERCISES`` lists them all, for the tests.
 """
-from .registry import EXERCISES, NOT_ATTEMPTED, Exercise, exercise, is_placeholder  # noqa: F401
 # Importing a notebook's module registers its checks.
 from .nb00_concepts import check_predict, check_where, collectives_record  # noqa: F401
 from .nb01_baseline import check_flops, check_padding, forward_flops_per_layer  # noqa: F401
@@ -29,5 +28,5 @@ from .nb05_checkpoints_and_faults import check_resume_step, newest_checkpoint_st
 from .nb06_real_models import check_finetune_bytes, check_replica_gpus, ddp_bytes_per_step  # noqa: F401
 from .nb07_beyond_ddp import check_syncs_per_step, check_zero_state_per_rank  # noqa: F401
 from .nb08_performance import check_bus_bandwidth, check_communication_share  # noqa: F401
-from .nb09_when_it_hangs import (check_culprit, check_odd_rank, hung_job_evidence, rank_dumps,  # noqa: F401
-                                 where_each_rank_waits)
+from .nb09_when_it_hangs import check_culprit, check_odd_rank, hung_job_evidence, rank_dumps, where_each_rank_waits  # noqa: F401
+from .registry import EXERCISES, NOT_ATTEMPTED, Exercise, exercise, is_placeholder  # noqa: F401

@@ -6,7 +6,6 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .registry import exercise
 
-
 SHARD_CASES = [(4000, 2, 0, 1), (4000, 2, 0, 2), (1000, 3, 7, 5), (10, 4, 0, 0)]  # n, world size, seed, epoch
 
 

@@ -3,7 +3,6 @@ support: a learner may skip this module.
 """
 from .registry import exercise
 
-
 # (--checkpoint-every, steps per epoch, the step after which a rank dies): the checkpoint a restart resumes from
 RESUME_CASES = [(4, 6, 10), (4, 6, 7), (4, 6, 8), (5, 3, 4), (100, 50, 149), (3, 10, 2)]
 
