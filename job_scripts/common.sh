@@ -10,7 +10,7 @@ course_fail() {
 [[ -f job_scripts/site.sh ]] || course_fail "run from the course directory ($PWD has no job_scripts/site.sh)"
 
 # When the job started: the clock of the walltime, which the training scripts' --stop-after counts
-# from (scripts/machinery/graceful_stop.py). A multi-node job hands it to its other nodes.
+# from (scripts/machinery/walltime.py). A multi-node job hands it to its other nodes.
 : "${COURSE_JOB_START:=$(date +%s)}"
 export COURSE_JOB_START
 # Slurm's warning (--signal=B:USR1@...) may come up to a minute early, even before the run starts:

@@ -29,11 +29,11 @@ def make_optimizer(model, args, batches=None, runtime=None):
     """The optimizer and its learning-rate schedule, which the Trainer steps after every optimizer step:
     the pytorch/examples recipe's decay by --gamma once an epoch, counted in steps (without ``batches``:
     once per ``scheduler.step()``). A schedule that changes every step goes here, not into the loop.
-    --lr-scaling linear multiplies the rate by the global batch / --batch-size, after --warmup-steps."""
-    world_size, is_main = (runtime.world_size, runtime.is_main) if runtime else (1, True)
-    global_batch = None if batches is None else batches.batch_size * world_size * args.accumulate  # a step's images
-    # 1 unless --lr-scaling linear
-    factor = learning_rate.scaling_factor(args.lr_scaling, global_batch, args.batch_size)
+    --lr-scaling linear multiplies the rate by the global batch / --batch-size, after --warmup-steps; with
+    ``batches``, ``runtime`` gives the world size, and rank 0 alone says which rate the rule gave."""
+    # The global batch: the images of one optimizer step over every process (a demo without batches has none).
+    global_batch = None if batches is None else batches.batch_size * runtime.world_size * args.accumulate
+    factor = learning_rate.scaling_factor(args.lr_scaling, global_batch, args.batch_size)  # 1 but for linear
     lr = (args.lr or DEFAULT_LR[args.optimizer]) * factor
     if args.optimizer == "adadelta":
         optimizer = optim.Adadelta(model.parameters(), lr=lr)
@@ -42,7 +42,7 @@ def make_optimizer(model, args, batches=None, runtime=None):
     else:
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     steps = 1 if batches is None else steps_per_epoch(batches, args)
-    if args.lr_scaling == "linear" and is_main:
+    if args.lr_scaling == "linear" and (runtime is None or runtime.is_main):
         print(learning_rate.describe(lr, factor, args.batch_size, args.warmup_steps), flush=True)
     return optimizer, learning_rate.schedule(optimizer, steps, args.gamma, factor, args.warmup_steps)
 
@@ -108,7 +108,8 @@ class Trainer:
 
     def epochs(self):
         """The epochs still to train: all of them, or from where a resumed run stopped."""
-        assert self.started, "call trainer.start() before trainer.epochs(): it decides where the run starts"
+        if not self.started:
+            raise RuntimeError("call trainer.start() before trainer.epochs(): it decides where the run starts")
         return range(self.epoch, self.args.epochs + 1)
 
     def train_epoch(self, epoch):

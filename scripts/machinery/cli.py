@@ -208,8 +208,9 @@ def run(main, argv=None, *, description=None, add_arguments=None, parse=None):
     from . import stragglers
 
     write_whole_lines()
+    signals.install_handlers()
     args = parse(argv) if parse else parse_args(argv, description=description, add_arguments=add_arguments)
-    signals.install_handlers(grace=getattr(args, "grace_period", None))  # a script's own parser may not have it
+    signals.set_grace(getattr(args, "grace_period", None))  # a script's own parser may not have the flag
     try:
         launch_checks.meet_before_init(args.timeout, signals.stop_signal)
         main(args)

@@ -64,6 +64,7 @@ class GracefulStop(Callback):
         self.first_step = None  # where this run started (a resumed run: the checkpoint's step)
         self.posted = None  # the all_reduce in flight: (work, tensor, event)
         self.pending = NOTHING  # an agreed stop that waits for the epoch's end
+        set_stuck_after(self.stuck_after)  # what a SIGTERM's alarm waits for (signals.py)
 
     @property
     def longest_checkpoint(self):
@@ -89,7 +90,6 @@ class GracefulStop(Callback):
                 self.check_grace_period()
                 self.check_budget()
         self.last_boundary = time.perf_counter()
-        set_stuck_after(self.stuck_after())
         if self.agree_now(self.wanted(trainer, before_training=True)):
             self.stop(trainer, self.agreed_code)
 
@@ -119,7 +119,6 @@ class GracefulStop(Callback):
         now = time.perf_counter()
         self.longest_step = max(self.longest_step, now - self.last_boundary)
         self.last_boundary = now
-        set_stuck_after(self.stuck_after())
         code = self.read_agreed()  # what every rank wanted one step ago
         if code and trainer.batches_done >= trainer.epoch_batches:
             self.pending = code  # the epoch's last step: stop after its evaluation and checkpoint

@@ -15,7 +15,7 @@ import threading
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 received = []  # the signals this process got, in order: a handler only appends here
 GRACE = []  # --grace-period, once known: how long after SIGTERM the scheduler sends SIGKILL
-STUCK_AFTER = [10]  # seconds after SIGTERM by which a run that is not stuck has stopped (set_stuck_after)
+STUCK_AFTER = []  # what gives the seconds after SIGTERM by which a run that is not stuck has stopped
 WAKEUP = []  # the socket pair of watch_for_sigterm, kept open for the life of the process
 # Held once the alarm is set: the first SIGTERM sets it, a later one never moves it. Never waited for (it is
 # taken from a signal handler too, where waiting on a lock could deadlock).
@@ -30,26 +30,31 @@ class Stopped(Exception):
         self.status = status
 
 
-def install_handlers(grace=None):
+def install_handlers():
     """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once.
 
     SIGTERM also sets a limit: a process that has not stopped by then ends itself (SIGALRM), as SIGTERM alone
     would have ended it. It is one second before the scheduler's SIGKILL is due, with ``grace``
     (--grace-period): on PBS that SIGKILL reaches torchrun but not its workers, which live in sessions of
     their own, so a worker stuck in a collective would otherwise outlive its job. Without it, the limit is
-    what the graceful stop last set (``set_stuck_after``): a rank stuck where no step ends (a collective whose
-    peer died, a hung file system) is not kept waiting for torchrun's SIGKILL, 30 s later, before its group
-    can restart."""
-    GRACE[:] = [grace] if grace else []
+    what the graceful stop says when SIGTERM comes (``set_stuck_after``), else 10 s: a rank stuck where no step
+    ends (a collective whose peer died, a hung file system) is not kept waiting for torchrun's SIGKILL, 30 s
+    later, before its group can restart. Installed before the flags are parsed, so that a signal during the
+    parse is noted too; ``set_grace`` passes --grace-period on once it is known."""
     for number in SIGNALS:
         signal.signal(number, on_signal)
     watch_for_sigterm()
 
 
-def set_stuck_after(seconds):
-    """The limit after SIGTERM when no --grace-period is known: the graceful stop sets it from the run's
-    longest step and checkpoint so far."""
-    STUCK_AFTER[0] = seconds
+def set_grace(grace):
+    """--grace-period, the seconds between the scheduler's SIGTERM and its SIGKILL (None: not known)."""
+    GRACE[:] = [grace] if grace else []
+
+
+def set_stuck_after(stuck_after):
+    """``stuck_after()``: the limit after SIGTERM when no --grace-period is known, asked when SIGTERM comes (the
+    graceful stop gives it from the run's longest step and checkpoint so far)."""
+    STUCK_AFTER[:] = [stuck_after]
 
 
 def on_signal(number, frame):
@@ -88,7 +93,12 @@ def arm_alarm_on_sigterm(reader):
 def arm_alarm():
     """SIGALRM, whose default action ends the process, at the limit ``install_handlers`` describes."""
     if ALARM_ARMED.acquire(blocking=False):
-        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else STUCK_AFTER[0])
+        signal.alarm(max(1, int(GRACE[0]) - 1) if GRACE else stuck_after())
+
+
+def stuck_after():
+    """Seconds after SIGTERM by which a run that is not stuck has stopped: the graceful stop's answer, else 10."""
+    return STUCK_AFTER[-1]() if STUCK_AFTER else 10
 
 
 def stop_signal():

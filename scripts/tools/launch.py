@@ -71,7 +71,7 @@ CPU_PROCS_CAP = 4
 DEFAULT_JOIN_TIMEOUT = 300
 
 # The signals torchrun passes on to its workers, which stop with a checkpoint on SIGTERM, SIGINT and
-# SIGUSR1 (machinery/graceful_stop.py): torchrun's own list (run.py, --signals-to-handle) and SIGUSR1,
+# SIGUSR1 (machinery/signals.py, graceful_stop.py): torchrun's own list (run.py, --signals-to-handle) and SIGUSR1,
 # which a Slurm job's --signal=USR1@... (without B:) sends to every process of its steps. Without it,
 # SIGUSR1 would end torchrun itself (its default action) and leave its workers behind.
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
