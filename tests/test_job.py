@@ -8,7 +8,7 @@ import torch
 
 from kit import checkpoints
 from lesson import process
-from machinery import cli, fault_drills, graceful_stop, job, reporting, resume, stragglers
+from machinery import cli, fault_drills, graceful_stop, job, reporting, resume, signals, stragglers
 
 ORDER = [stragglers.StragglerWatch, reporting.RunRecord, reporting.ProgressBar, resume.Checkpointing,
          graceful_stop.GracefulStop]
@@ -52,3 +52,13 @@ def test_no_callback_replaces_a_method_of_another(flags):
     for callback in built(*flags):
         methods = {name for name, _ in inspect.getmembers(type(callback), inspect.isfunction)}
         assert methods.isdisjoint(vars(callback)), f"{type(callback).__name__}: {methods & set(vars(callback))}"
+
+
+def test_the_sigterm_limit_counts_the_newest_checkpoint_at_once():
+    """signals.py asks the graceful stop for its limit when SIGTERM comes: a checkpoint written after the last step
+    (an epoch's) counts at once, not from the next step on. 3 x 0.5 s steps + 2 x 15 s checkpoints + 1."""
+    callbacks = built()
+    checkpointing, stop = callbacks[3], callbacks[-1]
+    assert signals.stuck_after() == 10  # nothing measured yet: never less than 10 s
+    stop.longest_step, checkpointing.longest_save = 0.5, 15.0
+    assert signals.stuck_after() == 32
