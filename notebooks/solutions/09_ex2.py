@@ -1,7 +1,7 @@
 # Solution to notebook 09, exercise 2: who stopped the job, and whom torchrun blames.
 # Every rank that waited wrote "rank 2 last reported step 2 ... (ending the epoch)": rank 2 is the one behind,
 # after 2 steps. torchrun's summary names, under "Root Cause (first observed failure)", the first process
-# that exited with an error: rank 1, one of those that waited.
+# that exited with an error: rank 0, one of those that waited.
 culprit = 2
 steps_done = 2
-root_cause = 1
+root_cause = 0

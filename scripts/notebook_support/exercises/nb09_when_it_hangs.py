@@ -54,7 +54,8 @@ def check_culprit(culprit, steps_done, root_cause, log=None):
     assert len(behind) == 1, f"the log should name one rank behind the others: {behind}"
     (rank, step), = behind
     named = int(re.search(r"Root Cause \(first observed failure\):.*?rank\s+: (\d+)", log, re.S)[1])
-    stopped = sorted(int(r) for r in re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: -15", log))
+    stopped = exit_codes(log, -15)  # SIGTERM: torchrun stopped them
+    ended = exit_codes(log, -14)  # SIGALRM: stuck where no step ends, they ended themselves after SIGTERM
     assert culprit == rank, (f"culprit = {culprit}: read the ranks' own error lines; which rank do the others say "
                              "they waited for?")
     assert steps_done == step, f"steps_done = {steps_done}: how many steps had rank {rank} completed, by those lines?"
@@ -62,5 +63,12 @@ def check_culprit(culprit, steps_done, root_cause, log=None):
                                  "'Root Cause (first observed failure)'?")
     return (f"Rank {rank} stopped the job after {step} steps, yet torchrun names rank {named} as the root cause: the "
             f"first process to fail, a rank that waited for rank {rank} and gave up at --timeout. Rank(s) "
-            f"{', '.join(map(str, stopped))} ended with exit code -15 (SIGTERM): torchrun stopped them. Look for the "
-            "rank the others waited for, not the first one to fail.")
+            f"{', '.join(map(str, stopped))} ended with exit code -15 (SIGTERM): torchrun stopped them"
+            + (f"; rank(s) {', '.join(map(str, ended))} with -14 (SIGALRM): stuck where no step ends, they ended "
+               "themselves 10 s after SIGTERM (notebook 05)" if ended else "")
+            + ". Look for the rank the others waited for, not the first one to fail.")
+
+
+def exit_codes(log, code):
+    """The ranks that torchrun's summary lists with exit code ``code``."""
+    return sorted(int(r) for r in re.findall(rf"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: {code}\b", log))
