@@ -147,9 +147,9 @@ course_pbs_hosts() {
     awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE"
 }
 
-# The run of a multi-node PBS job, the pbsdsh pattern of job_scripts/04_ddp_2nodes.pbs, in one
-# place for every such job: pbsdsh runs job_scripts/node_launch.sh once on every host of the job,
-# each with LAUNCH_ARGS for scripts/tools/launch.py, which becomes that host's torchrun.
+# The run of a multi-node PBS job, in one place for every such job: pbsdsh runs
+# job_scripts/node_launch.sh once on every host of the job, each with LAUNCH_ARGS for
+# scripts/tools/launch.py, which becomes that host's torchrun.
 #   course_pbsdsh RUN [LAUNCH_ARGS...]
 # RUN runs pbsdsh in the job shell: course_train for a training run (its time limit, its signals,
 # its follow-up), or command to run it as it is. pbsdsh itself exits 0 always, so the job's status
