@@ -66,6 +66,18 @@ def pytest_configure(config):
         os.environ["TMPDIR"] = str(config._tmp_path_factory.mktemp("tmp", numbered=False))
     if not is_worker(config):
         config.stash[CHECKOUT_BEFORE] = checkout_files()
+    if config.getoption("nbval", False) or config.getoption("nbval_lax", False):
+        use_this_environment_for_the_notebooks(config.option)
+
+
+def use_this_environment_for_the_notebooks(option):
+    """A plain `pytest --nbval notebooks/` runs as `make test` does: in the Python running pytest (the notebooks
+    ask for the kernel "ddp-course", which exists only after `make kernel`, and nbval would stop with NoSuchKernel)
+    and with the course's sanitizer. What the command line names wins: a kernel (--nbval-kernel-name), a sanitizer."""
+    if not option.nbval_kernel_name:
+        option.nbval_current_env = True
+    if option.nbval_sanitize_with is None:
+        option.nbval_sanitize_with = str(REPO / "notebooks" / "sanitize.cfg")
 
 
 # The files that take longest, measured on 2 cores (--durations), run first: pytest-xdist hands each worker a
