@@ -152,3 +152,10 @@ def test_the_last_cell_shows_the_job_on_pbs_and_slurm_with_its_gpus(path):
                for _, job in slurm)
     for interactive in ("qsub -I", "salloc"):
         assert interactive in cell, f"{path.name}'s last cell does not show the interactive form `{interactive}`"
+
+
+@pytest.mark.parametrize("page", ["README.md", "notebooks/README.md"])
+def test_the_course_maps_list_every_notebook(page):
+    rows = [line for line in (REPO / page).read_text().splitlines() if line.startswith("|")]
+    missing = [path.stem for path in NOTEBOOKS if not any(path.stem in row for row in rows)]
+    assert not missing, f"{page}'s table of the notebooks has no row for {missing}"
