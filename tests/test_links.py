@@ -63,3 +63,27 @@ def test_a_link_to_a_missing_heading_is_found(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("See [it](guide.md#checkpoints), [that](guide.md#restarts) and [this](gone.md).\n")
     assert broken_links(page) == ["guide.md#restarts (no heading #restarts in guide.md)", "gone.md (no file gone.md)"]
+
+
+NAMED_FILE = re.compile(r"(?<![\w/.-])((?:scripts|job_scripts|benchmarks|notebooks|docs|tests)/[\w/.-]*\w\.(?:py|pbs|sbatch|sh|md|ipynb|json|cfg))\b(?!\]\(https?:)")  # not the text of a link to another repository
+PAGES_THAT_NAME_FILES = PAGES + [REPO / "data" / "README.md", REPO / "figs" / "README.md"]
+
+
+def missing_files(path):
+    """Files of the course that ``path``'s text names (in prose or code: `python scripts/tools/x.py`) but that do
+    not exist; a name with a wildcard or a placeholder is not a file."""
+    return sorted({name for name in NAMED_FILE.findall(markdown_of(path))
+                   if not (REPO / name).exists() and not re.search(r"[*<>]|NN|/X\.|_x\.", name)})
+
+
+@pytest.mark.parametrize("path", PAGES_THAT_NAME_FILES + NOTEBOOKS,
+                         ids=[str(path.relative_to(REPO)) for path in PAGES_THAT_NAME_FILES + NOTEBOOKS])
+def test_every_file_of_the_course_a_page_names_exists(path):
+    assert not missing_files(path), f"{path.relative_to(REPO)} names files that do not exist: {missing_files(path)}"
+
+
+def test_a_named_file_that_is_gone_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Run `python scripts/download_data.py mnist`, then scripts/tools/download_data.py and "
+                    "notebooks/solutions/NN_exK.py; PyTorch's [benchmarks/ddp/README.md](https://github.com/x).\n")
+    assert missing_files(page) == ["scripts/download_data.py"]
