@@ -65,7 +65,9 @@ def test_a_link_to_a_missing_heading_is_found(tmp_path):
     assert broken_links(page) == ["guide.md#restarts (no heading #restarts in guide.md)", "gone.md (no file gone.md)"]
 
 
-NAMED_FILE = re.compile(r"(?<![\w/.-])((?:scripts|job_scripts|benchmarks|notebooks|docs|tests)/[\w/.-]*\w\.(?:py|pbs|sbatch|sh|md|ipynb|json|cfg))\b(?!\]\(https?:)")  # not the text of a link to another repository
+# A path of the course in prose or code, not the text of a link to another repository.
+NAMED_FILE = re.compile(r"(?<![\w/.-])((?:scripts|job_scripts|benchmarks|notebooks|docs|tests)/[\w/.-]*\w"
+                        r"\.(?:py|pbs|sbatch|sh|md|ipynb|json|cfg))\b(?!\]\(https?:)")
 PAGES_THAT_NAME_FILES = PAGES + [REPO / "data" / "README.md", REPO / "figs" / "README.md"]
 
 
