@@ -159,3 +159,13 @@ def test_the_course_maps_list_every_notebook(page):
     rows = [line for line in (REPO / page).read_text().splitlines() if line.startswith("|")]
     missing = [path.stem for path in NOTEBOOKS if not any(path.stem in row for row in rows)]
     assert not missing, f"{page}'s table of the notebooks has no row for {missing}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_notebooks_readme_names_the_jobs_of_each_last_cell(path):
+    cell = "".join(load(path)["cells"][-1]["source"])
+    jobs = set(re.findall(r"job_scripts/([\w.-]+)\.(?:pbs|sbatch)\b", cell))
+    row = next(line for line in (REPO / "notebooks" / "README.md").read_text().splitlines()
+               if line.startswith(f"| [{path.name}]"))
+    assert jobs and all(f"`{job}`" in row.split(" | ")[-1] for job in jobs), (
+        f"notebooks/README.md's row for {path.name} should name the jobs its last cell shows: {sorted(jobs)}")
