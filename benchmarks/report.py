@@ -320,7 +320,8 @@ def render_cpu_profile(record):
              f"{record['load_average'][0]:.2f} before, {record['load_average'][1]:.2f} after.\n",
              "| part of the step | ms per step | share | GFLOP/s | share of the peak |", "|---|---|---|---|---|"]
     names = {"convolution": "convolutions (forward and backward)", "matmul": "linear layers' matrix products",
-             "elementwise and pooling": "the rest (element-wise, pooling, dropout, loss, autograd, profiler)", "optimizer": "optimizer (Adam)"}
+             "elementwise and pooling": "the rest (element-wise, pooling, dropout, loss, autograd, profiler)",
+             "optimizer": "optimizer (Adam)"}
     for group, name in names.items():
         rate = flops.get(group, 0) / seconds[group] if group in flops else None
         achieved = "-" if rate is None else f"{rate / 1e9:.0f}"
