@@ -193,8 +193,10 @@ def gil_speedups(replicas=2, rounds=3):
     Every thread and process gets one intra-op thread, so that any speed-up comes from
     running the replicas side by side. For each workload:
       threads    speed-up of the threads over running the replicas one after the other;
-      processes  the same for separate processes, which share no GIL: what the free cores
-                 allow right now, the ceiling for the threads;
+      processes  the same for separate processes, which share no GIL: near ``replicas`` when
+                 that many cores are free, lower when other programs hold them. Not a ceiling
+                 for the threads: the one-after-the-other time is taken in this process, so a
+                 fresh process that runs each pass faster can take it above ``replicas``;
       busy       cores the threads kept busy, on average (their CPU time / wall time).
     In each round the timings are taken back to back, so that they see the same load from
     other programs; each number is the median over the rounds.
