@@ -4,8 +4,8 @@
 ``cli.run`` installs the handlers before anything else. SIGTERM (a scheduler at the walltime or on qdel/scancel,
 torchrun forwarding its own), SIGINT (Ctrl-C; a second one stops at once) and SIGUSR1 (Slurm's ``--signal``
 warning) are noted in ``received``. SIGTERM also arms a limit (SIGALRM), so that a process stuck where no step
-ends does not outlive its job.
-"""
+ends does not outlive its job. SIGUSR2 only prints every thread's stack (``dump_stacks_on_sigusr2``)."""
+import faulthandler
 import os
 import signal
 import socket
@@ -33,16 +33,16 @@ class Stopped(Exception):
 def install_handlers():
     """Signals set a flag; the run acts on it at its next step boundary. A second Ctrl-C stops at once.
 
-    SIGTERM also sets a limit: a process that has not stopped by then ends itself (SIGALRM), as SIGTERM alone
-    would have ended it. It is one second before the scheduler's SIGKILL is due, with ``grace``
-    (--grace-period): on PBS that SIGKILL reaches torchrun but not its workers, which live in sessions of
-    their own, so a worker stuck in a collective would otherwise outlive its job. Without it, the limit is
-    what the graceful stop says when SIGTERM comes (``set_stuck_after``), else 10 s: a rank stuck where no step
-    ends (a collective whose peer died, a hung file system) is not kept waiting for torchrun's SIGKILL, 30 s
-    later, before its group can restart. Installed before the flags are parsed, so that a signal during the
-    parse is noted too; ``set_grace`` passes --grace-period on once it is known."""
+    SIGTERM also sets a limit: a process that has not stopped by then ends itself (SIGALRM), as SIGTERM alone would have
+    ended it. It is one second before the scheduler's SIGKILL is due, with ``grace`` (--grace-period): on PBS that
+    SIGKILL reaches torchrun but not its workers, which live in sessions of their own, so a worker stuck in a collective
+    would otherwise outlive its job. Without it, the limit is what the graceful stop says when SIGTERM comes
+    (``set_stuck_after``), else 10 s: a rank stuck where no step ends (a collective whose peer died, a hung file system)
+    is not kept waiting for torchrun's SIGKILL, 30 s later, before its group can restart. Installed before the flags are
+    parsed, so that a signal during the parse is noted too; ``set_grace`` passes --grace-period on once it is known."""
     for number in SIGNALS:
         signal.signal(number, on_signal)
+    dump_stacks_on_sigusr2()
     watch_for_sigterm()
 
 
@@ -88,6 +88,14 @@ def arm_alarm_on_sigterm(reader):
     while data := reader.recv(64):
         if signal.SIGTERM in data:
             arm_alarm()
+
+
+def dump_stacks_on_sigusr2():
+    """``kill -USR2 PID`` prints the Python stack of every thread of the process to its stderr, and the run goes
+    on: what ``py-spy dump`` shows, for a hung rank where ptrace is refused (faulthandler's handler is C code, so
+    it prints even while the main thread waits inside a collective). Not SIGUSR1, which asks for a stop."""
+    if sys.__stderr__ is not None:  # None: a process started without stderr
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True)
 
 
 def arm_alarm():
