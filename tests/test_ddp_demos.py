@@ -58,6 +58,8 @@ def test_unused_parameter_fails_on_the_next_step_until_found(ddp_mechanics_run):
     assert "find_unused_parameters=True" in unused["error"]
     assert unused["unused"] == ["head_b.weight", "head_b.bias"]
     assert unused["fixed_steps"] == 3 and unused["fixed_error"] is None
+    spread = unused["gradient_spread_after_step1"]  # step 1 averaged nothing; the control averaged
+    assert spread["find_unused_parameters=False"] > 0.1 and spread["find_unused_parameters=True"] == 0.0, spread
 
 
 def test_module_prefix(ddp_mechanics_run):

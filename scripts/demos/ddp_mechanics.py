@@ -10,7 +10,8 @@ section where it belongs), and ``--json`` writes what was observed, for checks:
   buckets    the order of events in backward: gradients arrive, buckets are all-reduced
   buffers    BatchNorm: each rank normalises with its own batch; the running statistics
              (buffers) are rank 0's, broadcast at the start of every forward
-  unused     a parameter that gets no gradient: the error, then find_unused_parameters
+  unused     a parameter that gets no gradient: step 1 averages nothing, step 2 raises; then
+             find_unused_parameters
   prefix     a DDP state_dict has "module." keys; a plain model loads model.module's
 """
 import sys
@@ -194,7 +195,21 @@ def train_steps(model, runtime, steps=3):
     return steps, None
 
 
+def gradient_spread_after_step1(runtime, seed, **options):
+    """How far apart the ranks' gradients are after the first backward, each rank on its own data (the parameters
+    that got a gradient): with find_unused_parameters=False, step 1's single bucket waits for head_b and is never
+    all-reduced."""
+    torch.manual_seed(seed)
+    model = wrap(TwoHeads(), runtime, **options)  # rank 0's weights everywhere
+    torch.manual_seed(seed + 1 + runtime.rank)  # each rank its own data, as in training
+    model(torch.randn(8, 4, device=runtime.device)).sum().backward()
+    return runner.largest_difference_from_rank0(p.grad for p in model.parameters() if p.grad is not None)
+
+
 def demo_unused(runtime, args):
+    spread = {f"find_unused_parameters={find}": gradient_spread_after_step1(runtime, args.seed,
+                                                                            find_unused_parameters=find)
+              for find in (False, True)}
     torch.manual_seed(args.seed)
     names = [name for name, _ in TwoHeads().named_parameters()]
     done, error = train_steps(wrap(TwoHeads(), runtime), runtime)
@@ -209,6 +224,7 @@ def demo_unused(runtime, args):
                   f"  parameter indices that got no gradient: {' '.join(indices)} = {', '.join(result['unused'])}"]
     done, error = train_steps(wrap(TwoHeads(), runtime, find_unused_parameters=True), runtime)
     result["fixed_steps"], result["fixed_error"] = done, error
+    result["gradient_spread_after_step1"] = spread
     lines.append(f"find_unused_parameters=True:  {done} step(s) done" + (f", then: {error}" if error else ", no error"))
     say(runtime, *lines)
     return result
