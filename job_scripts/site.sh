@@ -49,7 +49,7 @@
 # mem, walltime, place), so they run unedited but get no GPU. Each job has its GPU
 # request as a "##PBS" line (PBS ignores it); to use it, replace the #PBS select line
 # with it, naming your site's GPU resource (ngpus, often) and model, if it has one:
-#   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=v100
+#   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=a100
 #   #PBS -q gpu               a queue, where the default one has no GPUs
 #   #PBS -A my_project        a project or account to charge, where your site asks for one
 # The same at submission: qsub -l select=1:ncpus=16:mem=32gb:ngpus=2 -q gpu -A my_project JOB
