@@ -132,3 +132,31 @@ def test_nbval_reads_every_rule_of_the_sanitizer():
     # trailing space to an editor.
     assert len(pairs) == len(re.findall(r"^regex:", rules, re.M)) > 0
     assert all(re.compile(regex) for regex, _ in pairs)
+
+
+# The host names of the machine that recorded the stored outputs (socket.gethostname(), socket.getfqdn()).
+RECORDED_ON = ("vm", "localhost")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_the_stored_outputs_compare_the_same_on_a_machine_of_another_name(path):
+    """A participant's machine has its own host name: every output that shows the recording machine's must read the
+    same after the sanitizer once that name is replaced, or strict nbval fails there and nowhere else."""
+    import socket
+
+    from nbval.plugin import get_sanitize_patterns
+
+    pairs = get_sanitize_patterns((REPO / "notebooks" / "sanitize.cfg").read_text())
+
+    def sanitized(text):
+        for regex, replace in pairs:
+            text = re.sub(regex, replace, text)
+        return text
+
+    names = {name for name in (*RECORDED_ON, socket.gethostname(), socket.getfqdn()) if len(name) > 1}
+    for number, cell in enumerate(load(path)["cells"]):
+        text = outputs_text(cell)
+        for name in names:
+            elsewhere = re.sub(rf"\b{re.escape(name)}\b", "gpu-node-17.cluster.example.org", text)
+            assert sanitized(text) == sanitized(elsewhere), (
+                f"cell {number} of {path.name} shows the host name {name!r} where the sanitizer does not mask it")
