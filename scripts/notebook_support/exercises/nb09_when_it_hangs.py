@@ -1,5 +1,5 @@
 """The checks of 09_when_it_hangs.ipynb's exercises: the rank and line a hung job's py-spy dumps single out, and the
-rank its log says stopped the job, from two real hung jobs. Notebook support: a learner may skip this module.
+rank its log says the others waited for, from two real hung jobs. Notebook support: a learner may skip this module.
 """
 import re
 
@@ -61,8 +61,9 @@ def check_culprit(culprit, steps_done, root_cause, log=None):
     assert steps_done == step, f"steps_done = {steps_done}: how many steps had rank {rank} completed, by those lines?"
     assert root_cause == named, (f"root_cause = {root_cause}: which rank does torchrun's summary name under "
                                  "'Root Cause (first observed failure)'?")
-    return (f"Rank {rank} stopped the job after {step} steps, yet torchrun names rank {named} as the root cause: the "
-            f"first process to fail, a rank that waited for rank {rank} and gave up at --timeout. Rank(s) "
+    return (f"The others waited for rank {rank}, which had completed {step} steps: it stalled the job. Yet torchrun "
+            f"names rank {named} as the root cause: the first process to fail, a rank that waited for rank {rank} and "
+            "gave up at --timeout. Rank(s) "
             f"{', '.join(map(str, stopped))} ended with exit code -15 (SIGTERM): torchrun stopped them"
             + (f"; rank(s) {', '.join(map(str, ended))} with -14 (SIGALRM): stuck where no step ends, they ended "
                "themselves 10 s after SIGTERM (notebook 05)" if ended else "")
