@@ -49,7 +49,7 @@ def demo_every_rank_saves(runtime, args):
         if turn == runtime.rank:
             torch.save({"rank": runtime.rank, "rng": mine}, wrong)
         runner.barrier(runtime)
-    # The fix, as Trainer.save_checkpoint does it: gather every rank's state, rank 0 writes once.
+    # The fix, as Checkpointing.write_checkpoint does it: gather every rank's state, rank 0 writes once.
     right = args.folder / "rank0-gathered.pt"
     if runtime.is_main:
         checkpoints.write_atomically({"ranks": [{"rng": state} for state in everyone]}, right)
