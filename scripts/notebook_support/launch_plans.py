@@ -2,7 +2,7 @@
 support: a learner may skip this module.
 
 The notebook runs on no cluster, so it hands launch.py the variables a batch system would set (PBS_NODEFILE,
-NGPUS, SLURM_JOB_NODELIST, ...) and reads back the torchrun command that node would run.
+CUDA_VISIBLE_DEVICES, SLURM_JOB_NODELIST, ...) and reads back the torchrun command that node would run.
 """
 import os
 import re
@@ -10,13 +10,19 @@ import shlex
 
 from notebook_support.runs import python
 
+# What launch.py reads of a job's GPUs and CPUs, besides the PBS_* and SLURM_* variables (granted_gpus, cpus_here).
+JOB_GPU_AND_CPU_VARIABLES = {"CUDA_VISIBLE_DEVICES", "NGPUS", "NCPUS"}
+
 
 def dry_run(**job):
     """launch.py --dry-run of the doctor's job, with the job's variables ``job`` instead of this machine's.
 
     Returns the printed plan (with ``python`` for this interpreter's path) and its torchrun command as words.
+    The kernel's own job and GPU variables are dropped first, those launch.py reads included (SLURM_GPUS_ON_NODE,
+    CUDA_VISIBLE_DEVICES, NGPUS, NCPUS), so the plan is the made-up job's on any machine, a GPU node's too.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PBS_", "SLURM_", "NGPUS", "NCPUS"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PBS_", "SLURM_")) and k not in JOB_GPU_AND_CPU_VARIABLES}
     output = python("tools/launch.py", "--max-restarts", 0, "--dry-run", "scripts/tools/doctor.py",
                     env=env | job, echo=False)
     plan = re.sub(r"^\S+(?= -m torch\.distributed\.run)", "python", output.strip(), flags=re.M)
