@@ -24,13 +24,14 @@ WORDS_FOR_THE_WORKSHOP_DAY = 10000
 
 NUMBER = r"(?<![\w.,/-])(\d[\d,]*(?:\.\d+)?)"
 UNIT = (r"(?:ms|µs|us|ns|s|sec|seconds?|minutes?|min|hours?|h|[KMGT]i?B(?:/s)?|bytes?|[KMGTP]?FLOP/s|FLOPs?"
-        r"|samples/s|images/s|steps/s|GHz|W|%|x|×)")
+        r"|samples/s|images/s|steps/s|GHz|W|%|x(?!\s*\d)|×(?!\s*[\w(]))")  # "2 x 4", "64 × 32": a product
 FIGURE = re.compile(NUMBER + r"[ \u00a0-]?" + UNIT + r"(?![\w/])")
 SCIENTIFIC = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e-?\d+)\b")
 LINK = re.compile(r"\]\([^)]+\)|<https?://")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
-# Figures that are definitions of the course, not measurements: the equivalence tolerance the checks use.
-DEFINITIONS = {"1e-6"}
+# Figures that are definitions, not measurements: the equivalence tolerance the checks use, the sizes of float32
+# values and of Adam's state per parameter, a multiply-add's FLOPs, the timeouts and sweep range the cells choose.
+DEFINITIONS = {"1e-6", "4 bytes", "16 bytes", "2 FLOPs", "3 seconds", "256 MiB"}
 
 
 def load(path):
@@ -71,7 +72,9 @@ def typed_figures(markdown, printed):
             continue
         for match in [*FIGURE.finditer(paragraph), *SCIENTIFIC.finditer(paragraph)]:
             number = match.group(1).replace(",", "")
-            if number in DEFINITIONS or re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", printed):
+            unit = match.group(0)[len(match.group(1)):].strip(" \u00a0-")  # "" for 1e-5
+            as_printed = rf"(?<![\d.]){re.escape(number)}[ \u00a0-]?{re.escape(unit)}(?![\w/]|\.\d)"
+            if DEFINITIONS & {number, match.group(0)} or re.search(as_printed, printed):
                 continue
             found.append(match.group(0))
     return found
@@ -91,16 +94,16 @@ def test_the_workshop_day_reads_in_at_most_10000_words():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
 def test_no_figure_is_typed_that_no_output_prints_and_no_link_backs(path):
     printed = outputs_text(path)
-    typed = {number: figures for number, text in enumerate(load(path)["cells"])
-             if text["cell_type"] == "markdown"
-             and (figures := typed_figures("".join(text["source"]), printed))}
+    typed = {number: figures for number, cell in enumerate(load(path)["cells"])
+             if cell["cell_type"] == "markdown"
+             and (figures := typed_figures("".join(cell["source"]), printed))}
     assert not typed, (
         f"{path.name}: figures typed in markdown cells {typed} are printed by no cell of the notebook and have no "
         "link in their paragraph: print them in a cell and refer to the output, or link their source")
 
 
 def test_the_figure_check_finds_a_typed_figure_and_accepts_a_printed_or_linked_one():
-    printed = "allreduce 25 ms\nratio 3.5x\nloss 1.2e-05".replace(",", "")
+    printed = "allreduce 25 ms\nratio 3.5x\nloss 1.2e-05\nrank 2 of 4, step 3, took 37.9 s".replace(",", "")
     assert typed_figures("The step took 37.2 ms on this machine.", printed) == ["37.2 ms"]
     assert typed_figures("Adam magnifies it to about 1e-5.", printed) == ["1e-5"]
     assert typed_figures("Overlap saves 40% of the step.\n\n- and 2x here", printed) == ["40%", "2x"]
@@ -108,13 +111,23 @@ def test_the_figure_check_finds_a_typed_figure_and_accepts_a_printed_or_linked_o
     assert typed_figures("An H200 peaks at 989 TFLOP/s ([data sheet](https://nvidia.com/h200)).", printed) == []
     assert typed_figures("Run `--timeout 30 s` and\n```\nsleep 90 s\n```\nwithin 1e-6.", printed) == []
     assert typed_figures("Run 4 steps on 2 GPUs of torch 2.14.1.", printed) == []
+    # The number must be printed with its unit: a rank, a count or another figure that happens to share it is not it.
+    assert typed_figures("It took 2 ms, a 4x gain, 3% of the step; 37 s in all.", printed) == [
+        "2 ms", "4x", "3%", "37 s"]
+    assert typed_figures("A batch of 64 × 32 images on 2 x 4 GPUs, float32: 4 bytes each.", printed) == []
 
 
-def job_gpus_pbs(job):
-    """GPUs a PBS job is for: chunks x ngpus of its select line (the #PBS one, else its ##PBS GPU form)."""
-    lines = re.findall(r"^##?PBS -l (select=\S+)", job.read_text(), re.M)
-    with_gpus = [line for line in lines if "ngpus=" in line]
-    return select_gpus(with_gpus[0]) if with_gpus else 0
+def gpus_the_job_is_for(job):
+    """GPUs a PBS job is for: chunks x ngpus of the first select line that names ngpus, its #PBS line or its ##PBS
+    GPU form (what a site uncomments)."""
+    lines = [line for line in re.findall(r"^##?PBS -l (select=\S+)", job.read_text(), re.M) if "ngpus=" in line]
+    return select_gpus(lines[0]) if lines else 0
+
+
+def gpus_asked_as_shipped(job):
+    """GPUs a PBS job asks for as it is: its active #PBS select line only."""
+    line = re.search(r"^#PBS -l (select=\S+)", job.read_text(), re.M)
+    return select_gpus(line.group(1)) if line else 0
 
 
 def select_gpus(select):
@@ -136,22 +149,43 @@ def submissions(cell, command, suffix):
             for name in re.findall(rf"\b{command}\b.*?\bjob_scripts/([\w.-]+\.{suffix})\b", line)]
 
 
+def cluster_cell_problems(cell):
+    """What the last cell ``cell`` lacks: a qsub and an sbatch line of existing jobs, a qsub line that asks for the
+    GPUs its job is for (on the line, while the job as shipped asks for none), an sbatch job asking for as many GPUs
+    as its PBS twin, and the interactive forms."""
+    pbs, slurm = submissions(cell, "qsub", "pbs"), submissions(cell, "sbatch", "sbatch")
+    if not (pbs and slurm):
+        return ["no `qsub job_scripts/X.pbs` and `sbatch job_scripts/X.sbatch` line"]
+    missing = [job.name for _, job in pbs + slurm if not job.exists()]
+    if missing:
+        return [f"names {missing}, which job_scripts/ does not have"]
+    problems = []
+    asked = {job.name: gpus_the_job_is_for(job) for _, job in pbs}
+    shown = {job.name: select_gpus(re.search(r"select=\S+", line).group(0)) if "select=" in line
+             else gpus_asked_as_shipped(job) for line, job in pbs}
+    if not any(shown[name] == gpus for name, gpus in asked.items()):
+        problems.append(f"no qsub line asks for the GPUs its job is for: {shown} vs {asked}")
+    twins = [(job, job.with_suffix(".pbs")) for _, job in slurm]
+    if not any(twin.exists() and job_gpus_slurm(job) == gpus_the_job_is_for(twin) for job, twin in twins):
+        problems.append("no sbatch job asks for as many GPUs as its PBS twin is for")
+    problems += [f"no interactive `{form}`" for form in ("qsub -I", "salloc") if form not in cell]
+    return problems
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
 def test_the_last_cell_shows_the_job_on_pbs_and_slurm_with_its_gpus(path):
-    cell = "".join(load(path)["cells"][-1]["source"])
-    pbs, slurm = submissions(cell, "qsub", "pbs"), submissions(cell, "sbatch", "sbatch")
-    assert pbs and slurm, f"{path.name}'s last cell names no `qsub job_scripts/X.pbs` and `sbatch ...sbatch` line"
-    for _, job in pbs + slurm:
-        assert job.exists(), f"{path.name}'s last cell names {job.name}, which job_scripts/ does not have"
-    asked = {job.name: job_gpus_pbs(job) for _, job in pbs}
-    shown = {job.name: select_gpus(re.search(r"select=\S+", line).group(0)) if "select=" in line
-             else job_gpus_pbs(job) for line, job in pbs}
-    assert any(shown[name] == gpus for name, gpus in asked.items()), (
-        f"{path.name}: no qsub line asks for the GPUs its job is for: {shown} vs {asked}")
-    assert any(job_gpus_slurm(job) == asked.get(job.name.replace(".sbatch", ".pbs"), job_gpus_slurm(job))
-               for _, job in slurm)
-    for interactive in ("qsub -I", "salloc"):
-        assert interactive in cell, f"{path.name}'s last cell does not show the interactive form `{interactive}`"
+    problems = cluster_cell_problems("".join(load(path)["cells"][-1]["source"]))
+    assert not problems, f"{path.name}'s last cell: {problems}"
+
+
+def test_the_cluster_cell_check_finds_a_job_submitted_without_its_gpus():
+    interactive = "qsub -I -l select=1:ncpus=16:ngpus=2\nsalloc --gres=gpu:2\n"
+    good = "qsub -l select=1:ncpus=16:mem=32gb:ngpus=2 job_scripts/04_ddp.pbs\nsbatch job_scripts/04_ddp.sbatch\n"
+    assert cluster_cell_problems(good + interactive) == []
+    plain = "qsub job_scripts/04_ddp.pbs\nsbatch job_scripts/04_ddp.sbatch\n"  # as shipped: CPUs only
+    assert cluster_cell_problems(plain + interactive) == [
+        "no qsub line asks for the GPUs its job is for: {'04_ddp.pbs': 0} vs {'04_ddp.pbs': 2}"]
+    assert cluster_cell_problems(good) == ["no interactive `qsub -I`", "no interactive `salloc`"]
 
 
 @pytest.mark.parametrize("page", ["README.md", "notebooks/README.md"])
@@ -165,7 +199,9 @@ def test_the_course_maps_list_every_notebook(page):
 def test_notebooks_readme_names_the_jobs_of_each_last_cell(path):
     cell = "".join(load(path)["cells"][-1]["source"])
     jobs = set(re.findall(r"job_scripts/([\w.-]+)\.(?:pbs|sbatch)\b", cell))
-    row = next(line for line in (REPO / "notebooks" / "README.md").read_text().splitlines()
-               if line.startswith(f"| [{path.name}]"))
+    rows = [line for line in (REPO / "notebooks" / "README.md").read_text().splitlines()
+            if line.startswith(f"| [{path.name}]")]
+    assert rows, f"notebooks/README.md has no row for {path.name}"
+    row = rows[0]
     assert jobs and all(f"`{job}`" in row.split(" | ")[-1] for job in jobs), (
         f"notebooks/README.md's row for {path.name} should name the jobs its last cell shows: {sorted(jobs)}")
