@@ -66,7 +66,8 @@ def test_a_plain_pytest_nbval_runs_the_notebooks_with_no_kernel_registered(tmp_p
 @pytest.mark.parametrize("given, kernel, current_env, sanitizer", [
     ({}, None, True, str(REPO / "notebooks" / "sanitize.cfg")),
     ({"nbval_kernel_name": "ddp-course"}, "ddp-course", False, str(REPO / "notebooks" / "sanitize.cfg")),
-    ({"nbval_sanitize_with": "mine.cfg", "nbval_current_env": True}, None, True, "mine.cfg")])
+    ({"nbval_sanitize_with": "mine.cfg"}, None, True, "mine.cfg"),
+    ({"nbval_kernel_name": "python3", "nbval_sanitize_with": "mine.cfg"}, "python3", False, "mine.cfg")])
 def test_what_the_command_line_names_wins_over_the_notebook_defaults(given, kernel, current_env, sanitizer):
     spec = importlib.util.spec_from_file_location("session_conftest", REPO / "conftest.py")
     session_conftest = importlib.util.module_from_spec(spec)

@@ -75,7 +75,7 @@ def missing_files(path):
     """Files of the course that ``path``'s text names (in prose or code: `python scripts/tools/x.py`) but that do
     not exist; a name with a wildcard or a placeholder is not a file."""
     return sorted({name for name in NAMED_FILE.findall(markdown_of(path))
-                   if not (REPO / name).exists() and not re.search(r"[*<>]|NN|/X\.|_x\.", name)})
+                   if not (REPO / name).exists() and not re.search(r"[*<>]|\bNN\b|NN_|/X\.|_x\.", name)})
 
 
 @pytest.mark.parametrize("path", PAGES_THAT_NAME_FILES + NOTEBOOKS,

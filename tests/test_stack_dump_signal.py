@@ -4,6 +4,7 @@ import signal
 import subprocess
 
 from helpers import PYTHON, REPO, SCRIPTS, script_env
+from notebook_support import usr2_stacks
 
 # A script as the course's scripts are: its main goes through cli.run, which installs the signal handlers. It
 # waits in a blocking read, as a hung rank waits in a collective, until the test writes a line.
@@ -39,5 +40,19 @@ def test_sigusr2_prints_every_threads_stack_and_the_run_goes_on(tmp_path):
         run.wait()
     assert run.returncode == 0 and stdout == "done\n", (run.returncode, stdout, stderr)
     assert "Current thread 0x" in stderr and "(most recent call first):" in stderr, stderr
-    assert f'File "{script}", line 8 in wait_for_the_test' in stderr, stderr  # the main thread, in its read
+    waiting_line = SCRIPT.splitlines().index("    sys.stdin.readline()") + 1
+    assert f'File "{script}", line {waiting_line} in wait_for_the_test' in stderr, stderr  # main thread, in its read
     assert "in arm_alarm_on_sigterm" in stderr, stderr  # and the course's other thread: every thread
+    # What notebook 09's cell reads from such a dump: the main thread's stack, innermost first, files shortened.
+    (main,) = usr2_stacks.main_stacks(stderr, "waits.py")
+    assert main[0] == usr2_stacks.Frame("wait_for_the_test", "waits.py", waiting_line), main
+    assert main[-1].function == "<module>" and "machinery/cli.py" in {frame.file for frame in main}, main
+
+
+def test_a_frame_is_named_from_the_course_or_torch_wherever_they_are_installed():
+    scripts = f"{SCRIPTS}/"
+    assert usr2_stacks.short_file(scripts + "demos/hangs.py") == "demos/hangs.py"
+    for install in ("/opt/venv/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages", "/src/pytorch"):
+        assert usr2_stacks.short_file(f"{install}/torch/distributed/distributed_c10d.py") == (
+            "torch/distributed/distributed_c10d.py")
+    assert usr2_stacks.short_file("/home/someone/train.py") == "train.py"

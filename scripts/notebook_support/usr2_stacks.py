@@ -45,8 +45,8 @@ def short_file(path):
     scripts = f"{REPO / 'scripts'}{os.sep}"
     if path.startswith(scripts):
         return path[len(scripts):]
-    if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1]
+    if "/torch/" in path:  # site-packages, dist-packages or a source build alike
+        return "torch/" + path.rsplit("/torch/", 1)[1]
     return os.path.basename(path)
 
 
@@ -84,7 +84,7 @@ def signal_hung_rank(script, *args, rank, ready_line, nproc=2, deadline=120, env
     module = script.removeprefix("./")
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: a chatty job never blocks on a full pipe
         job = subprocess.Popen(command, cwd=REPO, env=env or dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
-        frames, give_up = [], time.monotonic() + deadline
+        frames, give_up, rank_process = [], time.monotonic() + deadline, None
 
         def running():
             return job.poll() is None and time.monotonic() < give_up
@@ -96,9 +96,15 @@ def signal_hung_rank(script, *args, rank, ready_line, nproc=2, deadline=120, env
             while running() and ready_line not in printed():
                 time.sleep(0.2)
             pid = workers(job.pid).get(rank)
-            while pid and running() and not in_a_collective(frames):
+            # A pidfd names this very process: a signal through it never reaches another process that might reuse
+            # the number after the rank has ended (it raises ProcessLookupError instead).
+            rank_process = os.pidfd_open(pid) if pid else None
+            while rank_process is not None and running() and not in_a_collective(frames):
                 dumps = len(main_stacks(printed(), module))
-                os.kill(pid, signal.SIGUSR2)  # this rank's process only: a child of the torchrun started above
+                try:
+                    signal.pidfd_send_signal(rank_process, signal.SIGUSR2)  # this rank only, a child of our torchrun
+                except ProcessLookupError:
+                    break  # the rank has ended: the job ends by itself
                 while running() and len(stacks := main_stacks(printed(), module)) == dumps:
                     time.sleep(0.1)  # a dump is whole once the main thread's <module> frame is printed
                 stacks = main_stacks(printed(), module)
@@ -109,6 +115,8 @@ def signal_hung_rank(script, *args, rank, ready_line, nproc=2, deadline=120, env
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{script} did not end by itself within {deadline} s") from None
         finally:
+            if rank_process is not None:
+                os.close(rank_process)
             if job.poll() is None:
                 job.kill()  # a safety net only: the job was to end by its own timeout
                 job.wait()
