@@ -2,6 +2,7 @@
 run's outcome (one line each, one meaning each)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,26 @@ from kit.launch_checks import FRESH_STORE_PER_ATTEMPT, reserved_port  # noqa: F4
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 PYTHON = sys.executable
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))  # the course's, in order
+# Code in markdown: a fenced block or an inline span.
+MARKDOWN_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def load_notebook(path):
+    return json.loads(path.read_text())
+
+
+def outputs_text(cell):
+    """What a notebook cell printed: its streams, its text displays and its tracebacks."""
+    text = []
+    for output in cell.get("outputs", []):
+        text.append("".join(output.get("text", "")))
+        for kind, value in output.get("data", {}).items():
+            if kind.startswith("text/"):
+                text.append("".join(value))
+        text.append("\n".join(output.get("traceback", [])))
+    return "\n".join(text)
+
 
 # The bundled MNIST subset with its test split cut to its first 100 images, for the runs whose claims are about
 # training (weights, steps, stops, restarts), not about scoring: evaluating 1,000 test images at each epoch's end

@@ -13,9 +13,7 @@ from types import SimpleNamespace
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from helpers import REPO
-
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
+from helpers import NOTEBOOKS, REPO
 
 
 @pytest.fixture

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import MARKDOWN_CODE as CODE
+from helpers import NOTEBOOKS, REPO
 
 PAGES = [REPO / "README.md", REPO / "notebooks" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 
 

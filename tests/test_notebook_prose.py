@@ -10,14 +10,14 @@ last cell that shows the lesson's job on PBS and on Slurm, batch and interactive
 - Cluster cell: the last cell names a job of job_scripts/ for `qsub` and for `sbatch`, with the GPUs the job is
   for (the total of its select line's ngpus, of its --gres), and the interactive forms `qsub -I` and `salloc`.
 """
-import json
 import re
 
 import pytest
 
-from helpers import REPO
+from helpers import MARKDOWN_CODE as CODE
+from helpers import NOTEBOOKS, REPO, outputs_text
+from helpers import load_notebook as load
 
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 WORKSHOP_DAY = [path for path in NOTEBOOKS if path.name[:2] in {"00", "01", "02", "03", "04"}]
 WORDS_PER_NOTEBOOK = 2500
 WORDS_FOR_THE_WORKSHOP_DAY = 10000
@@ -28,14 +28,9 @@ UNIT = (r"(?:ms|µs|us|ns|s|sec|seconds?|minutes?|min|hours?|h|[KMGT]i?B(?:/s)?|
 FIGURE = re.compile(NUMBER + r"[ \u00a0-]?" + UNIT + r"(?![\w/])")
 SCIENTIFIC = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e-?\d+)\b")
 LINK = re.compile(r"\]\([^)]+\)|<https?://")
-CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 # Figures that are definitions, not measurements: the equivalence tolerance the checks use, the sizes of float32
 # values and of Adam's state per parameter, a multiply-add's FLOPs, the timeouts and sweep range the cells choose.
 DEFINITIONS = {"1e-6", "4 bytes", "16 bytes", "2 FLOPs", "3 seconds", "256 MiB"}
-
-
-def load(path):
-    return json.loads(path.read_text())
 
 
 def markdown_cells(path):
@@ -46,15 +41,9 @@ def words(path):
     return sum(len(text.split()) for text in markdown_cells(path))
 
 
-def outputs_text(path):
-    text = []
-    for cell in load(path)["cells"]:
-        for output in cell.get("outputs", []):
-            text.append("".join(output.get("text", "")))
-            for kind, value in output.get("data", {}).items():
-                if kind.startswith("text/"):
-                    text.append("".join(value))
-    return "\n".join(text).replace(",", "")
+def printed_text(path):
+    """Everything the notebook's cells printed, commas removed (1,660 reads as 1660)."""
+    return "\n".join(outputs_text(cell) for cell in load(path)["cells"]).replace(",", "")
 
 
 def paragraphs(markdown):
@@ -93,7 +82,7 @@ def test_the_workshop_day_reads_in_at_most_10000_words():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
 def test_no_figure_is_typed_that_no_output_prints_and_no_link_backs(path):
-    printed = outputs_text(path)
+    printed = printed_text(path)
     typed = {number: figures for number, cell in enumerate(load(path)["cells"])
              if cell["cell_type"] == "markdown"
              and (figures := typed_figures("".join(cell["source"]), printed))}

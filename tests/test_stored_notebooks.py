@@ -10,31 +10,15 @@ or machine to machine that the sanitizer does not mask.
 - nbval reads every rule of the sanitizer.
 """
 import ast
-import json
 import re
 import sys
 
 import pytest
 
-from helpers import REPO, SCRIPTS
+from helpers import NOTEBOOKS, REPO, SCRIPTS, outputs_text
+from helpers import load_notebook as load
 
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 PER_RUN_KEYS = ("execution", "ExecuteTime")  # nbclient's timestamps; the older nbextension's
-
-
-def load(path):
-    return json.loads(path.read_text())
-
-
-def outputs_text(cell):
-    text = []
-    for output in cell.get("outputs", []):
-        text.append("".join(output.get("text", "")))
-        for kind, value in output.get("data", {}).items():
-            if kind.startswith("text/"):
-                text.append("".join(value))
-        text.append("\n".join(output.get("traceback", [])))
-    return "\n".join(text)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
