@@ -21,7 +21,7 @@ as ``exercises.check_flops(...)``. ``EXERCISES`` lists them all, for the tests.
 # Importing a notebook's module registers its checks.
 from .nb00_concepts import check_predict, check_where, collectives_record  # noqa: F401
 from .nb01_baseline import check_flops, check_padding, forward_flops_per_layer  # noqa: F401
-from .nb02_allreduce_by_hand import check_seed_per_rank, check_shard, check_weighted_mean  # noqa: F401
+from .nb02_allreduce_by_hand import check_seed_per_rank, check_shard, check_uneven_average  # noqa: F401
 from .nb03_data_parallel import check_replicate_traffic, check_scatter  # noqa: F401
 from .nb04_ddp import check_predict_buckets, check_rescued, check_steps_per_epoch  # noqa: F401
 from .nb05_checkpoints_and_faults import check_resume_step, newest_checkpoint_step  # noqa: F401

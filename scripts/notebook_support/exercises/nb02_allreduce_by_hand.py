@@ -1,9 +1,15 @@
 """The checks of 02_allreduce_by_hand.ipynb's exercises: a rank's shard against DistributedSampler's, the images lost to
-a seed per rank, and the mean of uneven shards' gradients. Notebook support: a learner may skip this module.
+a seed per rank, and the participant's averaging of uneven shards' gradients, run in 2 processes. Notebook support:
+a learner may skip this module.
 """
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
+from lesson import models
+
+from . import in_processes
 from .registry import exercise
 
 SHARD_CASES = [(4000, 2, 0, 1), (4000, 2, 0, 2), (1000, 3, 7, 5), (10, 4, 0, 0)]  # n, world size, seed, epoch
@@ -34,16 +40,60 @@ def check_seed_per_rank(overlap, never_seen, images=4000):
             "sampler seed; different seeds only for what should differ, such as dropout masks.")
 
 
-@exercise(3, answers=("plain", "weighted"))
-def check_weighted_mean(plain, weighted, gradient, images, labels, split=40):
-    whole = gradient(images, labels)
-    first, second = gradient(images[:split], labels[:split]), gradient(images[split:], labels[split:])
-    n = len(labels)
-    assert torch.allclose(plain, (first + second) / 2, atol=1e-7), "plain should be the mean of the two shard gradients"
-    assert torch.allclose(weighted, (split * first + (n - split) * second) / n, atol=1e-7), (
-        "weighted should weight each shard's gradient by its number of images")
-    error_plain, error_weighted = (plain - whole).abs().max().item(), (weighted - whole).abs().max().item()
-    assert error_weighted < 1e-6 < 1e-3 < error_plain, (error_plain, error_weighted)
-    return ("Weighted by shard size, the mean is the whole batch's gradient (within 1e-6); the plain mean is off "
-            "by more than 1e-3. all_reduce followed by a division by the world size is the plain mean, so every "
-            "rank must bring a batch of the same size.")
+UNEVEN_SHARDS = (40, 24)  # images on rank 0 and on rank 1: one batch of 64, split unevenly
+
+
+def uneven_average_in_rank(answer, work):
+    """In each of 2 processes: backward on this rank's shard, then the participant's average_gradients; the result
+    must be the whole batch's gradient. The other ways it can come out name the mistake."""
+    rank = dist.get_rank()
+    assert dist.get_world_size() == len(UNEVEN_SHARDS), "this check runs in 2 processes"
+    model, images, labels = uneven_batch()
+    bounds = [(0, UNEVEN_SHARDS[0]), (UNEVEN_SHARDS[0], sum(UNEVEN_SHARDS))]
+    a, b = (gradient(model, images[start:end], labels[start:end]) for start, end in bounds)
+    whole = gradient(model, images, labels)
+    start, end = bounds[rank]
+    gradient(model, images[start:end], labels[start:end])  # this rank's backward, as in training
+    answer.average_gradients(model, UNEVEN_SHARDS[rank])
+    got = torch.cat([p.grad.flatten() for p in model.parameters()])
+    n_a, n_b = UNEVEN_SHARDS
+    mistakes = [
+        ((a + b) / 2, "this is the plain mean of the ranks' gradients: weight each rank's gradient by its number "
+                      "of images, then divide by the images of all ranks"),
+        (a + b, "this is the sum of the ranks' gradients: weight each by its images and divide by all ranks' images"),
+        (n_a * a + n_b * b, "this is the weighted sum: divide it by the number of images of all ranks together"),
+        ((n_a * a + n_b * b) / UNEVEN_SHARDS[rank], "divided by this rank's images only: all_reduce the image "
+                                                    "count too, and divide by the total"),
+        ((a, b)[rank], "this rank's gradient is unchanged: all_reduce the gradients, in place"),
+    ]
+    if not close(got, whole):
+        hint = next((hint for value, hint in mistakes if close(got, value)), "this is not the whole batch's gradient")
+        raise AssertionError(f"rank {rank}: {hint} "
+                             f"(largest difference from the whole batch's gradient: {(got - whole).abs().max():.1e})")
+    return {"weighted": (got - whole).abs().max().item(), "plain": ((a + b) / 2 - whole).abs().max().item()}
+
+
+def uneven_batch():
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    return models.Net(dropout=False), torch.randn(sum(UNEVEN_SHARDS), 1, 28, 28, generator=generator), \
+        torch.randint(10, (sum(UNEVEN_SHARDS),), generator=generator)
+
+
+def gradient(model, images, labels):
+    model.zero_grad()
+    F.cross_entropy(model(images), labels).backward()  # the mean loss over these images
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def close(got, expected):
+    return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+@exercise(3, answers=("average_gradients",), rank_check=uneven_average_in_rank)
+def check_uneven_average(average_gradients):
+    detail = in_processes.run_check(uneven_average_in_rank, average_gradients=average_gradients)
+    return (f"in 2 processes with {UNEVEN_SHARDS[0]} and {UNEVEN_SHARDS[1]} images, your average is the whole "
+            f"batch's gradient (largest difference {detail['weighted']:.1e}); the plain mean would be off by "
+            f"{detail['plain']:.1e}. DistributedSampler gives every rank the same number of images, so the plain "
+            "mean (all_reduce, then divide by the world size) is right in training; uneven shards need weights.")

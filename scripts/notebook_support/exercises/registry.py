@@ -18,6 +18,7 @@ class Exercise:
     number: int
     answers: tuple  # the names the participant defines
     check: callable
+    rank_check: callable = None  # what each process runs, for a check that runs the answer in processes
 
     @property
     def solution(self):
@@ -50,9 +51,10 @@ def notebook_of(module_name):
     return module_name.rpartition(".")[2].removeprefix(MODULE_PREFIX)
 
 
-def exercise(number, answers):
+def exercise(number, answers, rank_check=None):
     """Register a check of the notebook its module is named after; it prints "not attempted yet" while any answer
-    is a placeholder."""
+    is a placeholder. ``rank_check``: the function the check runs in each process (in_processes.run_check), for
+    the tests to run it too."""
     def register(check):
         signature = inspect.signature(check)
 
@@ -68,6 +70,6 @@ def exercise(number, answers):
             print(f"Exercise {number}: correct. {lesson}")
 
         notebook = notebook_of(check.__module__)
-        EXERCISES[f"{notebook[:2]}.{number}"] = Exercise(notebook, number, tuple(answers), run)
+        EXERCISES[f"{notebook[:2]}.{number}"] = Exercise(notebook, number, tuple(answers), run, rank_check)
         return run
     return register
