@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils.data import Subset
 
 from helpers import REPO
-from kit import datasets, more_models
+from kit import more_models
 from lesson import data, models
 from notebook_support import exercises
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
@@ -48,20 +46,6 @@ def beyond_observed(beyond_demo_run):
     return beyond_demo_run("all-but-fsdp")[1]
 
 
-def uneven_shards_context(train_set):
-    """Notebook 02, exercise 3: a Net without dropout, 64 images and a gradient helper."""
-    torch.manual_seed(0)
-    net = models.Net(dropout=False)
-    images, labels = datasets.as_tensors(Subset(train_set, range(64)))
-
-    def gradient(images, labels):
-        net.zero_grad()
-        F.cross_entropy(net(images), labels).backward()
-        return torch.cat([p.grad.flatten() for p in net.parameters()])
-
-    return {"gradient": gradient, "images": images, "labels": labels}
-
-
 def prefixed_checkpoint(tmp_path):
     """Notebook 04, exercise 1: a checkpoint saved the wrong way, from ddp_model.state_dict()."""
     torch.manual_seed(1)
@@ -74,9 +58,6 @@ def context(exercise_id, request, tmp_path):
     """What the notebook has defined when the participant reaches the exercise; the check's extra arguments."""
     if exercise_id == "02.2":
         return {"train_set": request.getfixturevalue("train_set")}, {}
-    if exercise_id == "02.3":
-        names = uneven_shards_context(request.getfixturevalue("train_set"))
-        return names, names
     if exercise_id == "04.1":
         path = prefixed_checkpoint(tmp_path)
         return {"PREFIXED": path}, {"checkpoint": path}
@@ -127,11 +108,6 @@ def state_dict_bytes(module):
 def wrong_answers(exercise_id, extra):
     """A plausible mistake for every exercise: each must fail its check."""
     model_bytes = sum(p.numel() * 4 for p in models.Net().parameters())
-    if exercise_id == "02.3":
-        first = extra["gradient"](extra["images"][:40], extra["labels"][:40])
-        second = extra["gradient"](extra["images"][40:], extra["labels"][40:])
-        plain = (first + second) / 2
-        return {"plain": plain, "weighted": plain}  # no weighting by shard size
     return {
         "00.1": {"where": wrong_where, "crash_with_global_rank": list(range(4, 12))},
         "00.2": {"predict": wrong_predict},
@@ -151,7 +127,6 @@ def wrong_answers(exercise_id, extra):
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
-        "08.1": {"bus_bandwidth": lambda algbw, ranks: algbw * (ranks - 1) / ranks},  # one pass, not two
         "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
                  (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},
         "09.1": {"odd_rank": 2, "odd_line": 175},  # the right rank, but the line where the others wait
@@ -164,10 +139,14 @@ def placeholder_function(*args):
 
 
 IDS = sorted(EXERCISES)
-# The checks run: those of exercises that start processes, read a real run or build ResNet-18s are slow.
-NEEDS_A_RUN = {"00.2", "04.2", "06.1", "07.1", "07.2"}
-CHECKED = [pytest.param(exercise_id, marks=pytest.mark.slow) if exercise_id in NEEDS_A_RUN else exercise_id
-           for exercise_id in IDS]
+# The checks that run the participant's code in processes have their own tests, with every usual mistake
+# (test_exercises_in_processes.py); here, their placeholders. Of the others, those that start processes, read a
+# real run or build ResNet-18s are slow.
+IN_PROCESSES = {exercise_id for exercise_id in IDS if EXERCISES[exercise_id].rank_check}
+NEEDS_A_RUN = {"00.2", "04.2", "07.2"}
+ALL = [pytest.param(exercise_id, marks=pytest.mark.slow) if exercise_id in NEEDS_A_RUN else exercise_id
+       for exercise_id in IDS]
+CHECKED = [param for param, exercise_id in zip(ALL, IDS) if exercise_id not in IN_PROCESSES]
 
 
 def test_every_notebook_has_a_module_of_checks_and_every_module_a_notebook():
@@ -196,7 +175,7 @@ def test_a_wrong_answer_fails_its_check(exercise_id, request, tmp_path):
         exercise.check(**wrong_answers(exercise_id, extra), **extra)
 
 
-@pytest.mark.parametrize("exercise_id", CHECKED)
+@pytest.mark.parametrize("exercise_id", ALL)
 def test_a_placeholder_is_not_attempted_and_does_not_fail(exercise_id, request, tmp_path, capsys):
     exercise = EXERCISES[exercise_id]
     _, extra = context(exercise_id, request, tmp_path)

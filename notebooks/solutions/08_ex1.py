@@ -1,7 +1,19 @@
-# Solution to notebook 08, exercise 1: bus bandwidth.
-# A ring all_reduce is a reduce-scatter then an all-gather; in each, a rank sends n-1 chunks of
-# 1/n of the message. So each rank's link carries 2(n-1)/n of the message: busbw = algbw x 2(n-1)/n.
+# Solution to notebook 08, exercise 1: time an all_reduce as nccl-tests does.
+# Untimed warm-up calls first (the first calls set up connections and buffers), then the ranks
+# start together, time back-to-back calls, and report the slowest rank's mean on every rank.
+import time
+
+import torch
+import torch.distributed as dist
 
 
-def bus_bandwidth(algbw, ranks):
-    return algbw * 2 * (ranks - 1) / ranks
+def time_all_reduce(tensor, warmup, iterations):
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        dist.all_reduce(tensor)
+    seconds = torch.tensor((time.perf_counter() - started) / iterations)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's: the collective's time
+    return seconds.item()

@@ -15,6 +15,7 @@ it to run the solution and every listed wrong answer at the cost of one start.
 import dis
 import inspect
 import json
+import re
 import sys
 import tempfile
 import textwrap
@@ -68,8 +69,7 @@ def combine(ranks, number, output):
     problems, details = [], []
     for rank, results in enumerate(ranks):
         if number >= len(results):
-            last = output.strip().splitlines()[-1:] or ["(no output)"]
-            problems.append(f"rank {rank} stopped before it reached a verdict; its run ended with: {last[0]}")
+            problems.append(f"rank {rank} stopped before its verdict; the run ended with: {last_error(output)}")
             details.append(None)
             continue
         problem, detail = results[number]
@@ -79,6 +79,12 @@ def combine(ranks, number, output):
     return (problems[0] if problems else None), details
 
 
+def last_error(output):
+    """The run's last error line, else its last line with words in it."""
+    lines = [line.strip() for line in output.splitlines() if re.search(r"\w", line)] or ["(no output)"]
+    return next((line for line in reversed(lines) if re.search(r"(Error|Exception)\b|^error:", line)), lines[-1])
+
+
 # ---------------------------------------------------------------- the answer, as a module the workers import
 
 def module_source(answers):
@@ -86,7 +92,7 @@ def module_source(answers):
     they call, and an import line for each module or library name they use."""
     imports, sources, aliases, seen = [], [], [], set()
     for name, function in answers.items():
-        if not inspect.isfunction(function):
+        if not inspect.isfunction(function) or function.__name__ == "<lambda>":
             raise NotTransferable(f"`{name}` must be a function written with `def`")
         collect(function, function, imports, sources, seen)
         if function.__name__ != name:
@@ -99,8 +105,6 @@ def collect(function, answer, imports, sources, seen):
     if function in seen:
         return
     seen.add(function)
-    if function.__name__ == "<lambda>":
-        raise NotTransferable(f"`{answer.__name__}` uses a lambda defined outside it: write it with `def`")
     for name in sorted(global_names(function.__code__)):
         if name not in function.__globals__:
             continue  # a builtin, or a name the worker reports as undefined when the code runs
@@ -108,6 +112,8 @@ def collect(function, answer, imports, sources, seen):
         if isinstance(value, types.ModuleType):
             imports.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
         elif written_alongside(value, function):
+            if value.__name__ == "<lambda>":
+                raise NotTransferable(f"`{answer.__name__}` uses `{name}`, a lambda: write it with `def`")
             collect(value, answer, imports, sources, seen)
         elif isinstance(value, PLAIN_VALUES):
             imports.append(f"{name} = {value!r}")

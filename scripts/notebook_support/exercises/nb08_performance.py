@@ -1,26 +1,87 @@
-"""The checks of 08_performance.ipynb's exercises: bus bandwidth from algorithm bandwidth, and the share of a step spent
-communicating. Notebook support: a learner may skip this module.
+"""The checks of 08_performance.ipynb's exercises: the participant's timing of an all_reduce, run in 2 processes, and
+the share of a step spent communicating. Notebook support: a learner may skip this module.
 """
+import contextlib
 import math
+import time
 
+import torch
+import torch.distributed as dist
+
+from . import in_processes
 from .registry import exercise
 
+# The check's clock: on it, every all_reduce takes this long, a different time on each rank, so that each way of
+# getting the number wrong gives a number of its own. A real clock would make the verdict depend on the machine.
+CALL_SECONDS = {0: 0.001, 1: 0.003}
+CLOCKS = ("perf_counter", "time", "monotonic")
 
-def _ring_bus_bandwidth(algbw, ranks):
-    """nccl-tests' all_reduce correction: a ring moves 2(n-1)/n of the message through each rank's link."""
-    return algbw * 2 * (ranks - 1) / ranks
+
+def timing_in_rank(answer, work):
+    """In each of 2 processes: the participant's time_all_reduce, on a clock that each all_reduce moves forward by
+    CALL_SECONDS[rank]; nccl-tests' answer is the slowest rank's mean, the same on every rank."""
+    rank, warmup, iterations = dist.get_rank(), 2, 5
+    clock = {"now": 0.0}
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):
+        clock["now"] += CALL_SECONDS[rank]
+        return real_all_reduce(*args, **kwargs)
+
+    fakes = {name: (lambda: clock["now"]) for name in CLOCKS}
+    patched = [(time, name, fake) for name, fake in fakes.items()] + [(dist, "all_reduce", all_reduce)]
+    function = answer.time_all_reduce
+    patched += [(function.__globals__, name, fakes[name]) for name in CLOCKS
+                if function.__globals__.get(name) is getattr(time, name)]  # `from time import perf_counter`
+    with replaced(patched):
+        got = float(function(torch.ones(2**18), warmup, iterations))
+    slowest, own = CALL_SECONDS[1], CALL_SECONDS[rank]
+    mistakes = [(own, "this rank's own mean: nccl-tests reports the slowest rank's, the same on every rank "
+                      "(all_reduce the time with ReduceOp.MAX)"),
+                (sum(CALL_SECONDS.values()) / 2, "the mean over the ranks: report the slowest rank's "
+                                                 "(ReduceOp.MAX), which every rank waited for"),
+                (slowest * iterations, "the time of all the timed calls together: divide by the iterations"),
+                (slowest * (warmup + iterations) / iterations, "the warm-up calls were timed too: start the clock "
+                                                               "after them")]
+    if not math.isclose(got, slowest, rel_tol=1e-6):
+        hint = next((hint for value, hint in mistakes if math.isclose(got, value, rel_tol=1e-6)),
+                    "not the seconds per all_reduce of the slowest rank")
+        raise AssertionError(f"rank {rank}: {got * 1e3:.3f} ms is {hint}")
+    return got
 
 
-@exercise(1, answers=("bus_bandwidth",))
-def check_bus_bandwidth(bus_bandwidth):
-    for ranks in range(1, 9):
-        expected = _ring_bus_bandwidth(10.0, ranks)
-        got = bus_bandwidth(10.0, ranks)
-        assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12), (
-            f"bus_bandwidth(10.0, {ranks}) = {got}: count what one rank sends in a ring all_reduce "
-            "(a reduce-scatter, then an all-gather, each in chunks of 1/n of the message)")
-    return ("For 2 ranks busbw equals algbw; for 8 it is 1.75 x algbw. busbw is what each rank's link carries, "
-            "so it can be set against the link's own bandwidth whatever the number of ranks.")
+@contextlib.contextmanager
+def replaced(patches):
+    """Set each (module or dict, name) to a value for the block, then back."""
+    saved = [(owner, name, get(owner, name)) for owner, name, _ in patches]
+    try:
+        for owner, name, value in patches:
+            put(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            put(owner, name, value)
+
+
+def get(owner, name):
+    return owner[name] if isinstance(owner, dict) else getattr(owner, name)
+
+
+def put(owner, name, value):
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
+
+
+@exercise(1, answers=("time_all_reduce",), rank_check=timing_in_rank)
+def check_all_reduce_timing(time_all_reduce):
+    seconds = in_processes.run_check(timing_in_rank, time_all_reduce=time_all_reduce)
+    return (f"{seconds * 1e3:.0f} ms: on the check's clock rank 0's calls took {CALL_SECONDS[0] * 1e3:.0f} ms and "
+            f"rank 1's {CALL_SECONDS[1] * 1e3:.0f} ms, and every rank reports the slower. A collective ends on every "
+            "rank only when the slowest has joined, so the slowest rank's time is the collective's; "
+            "benchmarks/allreduce_bandwidth.py times it the same way. (On GPUs, also call "
+            "torch.cuda.synchronize() before reading the clock: NCCL calls return before the work is done.)")
 
 
 def _communication_share(batch, flops_per_sample, flops_per_second, gradient_bytes, busbw, ranks):

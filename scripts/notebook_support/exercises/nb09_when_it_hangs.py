@@ -7,10 +7,12 @@ from .registry import exercise
 
 
 def hung_job_evidence(name):
-    """A file of notebooks/hung_jobs/: what two real hung jobs left (scripts/demos/record_hung_jobs.py made them)."""
+    """A file of notebooks/hung_jobs/: what two real hung jobs left (scripts/demos/record_hung_jobs.py made them).
+    The demo's arguments on py-spy's "Process" lines are left out: they name the rank exercise 1 asks for."""
     from kit.output_paths import REPO
 
-    return (REPO / "notebooks" / "hung_jobs" / name).read_text()
+    text = (REPO / "notebooks" / "hung_jobs" / name).read_text()
+    return re.sub(r"(?m)^(Process \d+: .*?hangs\.py) .*$", r"\1 (its arguments left out)", text)
 
 
 def rank_dumps(text):

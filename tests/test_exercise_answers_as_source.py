@@ -1,0 +1,86 @@
+"""How a participant's function reaches the processes of an exercise's check: as source, with an import line for
+each module or library name it uses (notebook_support.exercises.in_processes.module_source). In-process tests of
+the transfer, and one end to end from a Jupyter kernel, where the function is written in a cell."""
+import math
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+from jupyter_client.manager import start_new_kernel
+from torch.utils.data.distributed import DistributedSampler
+
+from helpers import REPO
+from notebook_support.exercises.in_processes import NotTransferable, load_answer, module_source
+
+STEPS = 3
+WEIGHTS = torch.ones(3)
+
+
+def helper(x):
+    return x + STEPS
+
+
+def answer(x):
+    sampler = DistributedSampler(range(10), num_replicas=2, rank=0, shuffle=False)
+    return helper(x) * math.sqrt(4) + len(list(sampler)) + torch.zeros(1).item() + (dist.is_available() - 1)
+
+
+def uses_a_tensor_of_the_notebook(x):
+    return WEIGHTS * x
+
+
+def test_the_source_carries_its_imports_helpers_and_plain_values(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text(module_source({"renamed": answer}))
+    loaded = load_answer(path)
+    assert loaded.renamed(1) == answer(1) == (1 + 3) * 2 + 5
+    source = path.read_text()
+    assert "import torch.distributed as dist" in source and "STEPS = 3" in source
+    assert "from torch.utils.data.distributed import DistributedSampler as DistributedSampler" in source
+    assert "def helper(x):" in source and "renamed = answer" in source
+
+
+def test_a_value_the_processes_cannot_rebuild_is_named_in_one_line():
+    with pytest.raises(NotTransferable, match="uses `WEIGHTS`, a Tensor of this notebook, which the check's "
+                                              "processes cannot see: make it an argument"):
+        module_source({"answer": uses_a_tensor_of_the_notebook})
+    with pytest.raises(NotTransferable, match="must be a function written with `def`"):
+        module_source({"answer": lambda x: x})
+
+
+@pytest.mark.slow  # a kernel, and one torchrun of 2 processes per check
+def test_a_function_written_in_a_notebook_cell_is_what_the_check_runs(tmp_path):
+    """The participant's cell, as in notebook 02: the right answer passes, and a wrong one (no weighting) fails with
+    its hint, each checked in 2 processes started from the kernel."""
+    right = (REPO / "notebooks" / "solutions" / "02_ex3.py").read_text()
+    wrong = textwrap.dedent("""
+        import torch.distributed as dist
+
+
+        def average_gradients(model, images_here):
+            for parameter in model.parameters():
+                dist.all_reduce(parameter.grad)
+                parameter.grad /= dist.get_world_size()
+        """)
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(REPO / "notebooks"))
+    try:
+        def run(code):
+            output = []
+
+            def keep(message):
+                content = message["content"]
+                output.append(content.get("text", "") + " ".join(content.get("traceback", [])))
+
+            client.execute_interactive(code, output_hook=keep, timeout=300)
+            return "".join(output)
+
+        run("import sys; sys.path.insert(0, '../scripts'); from notebook_support import exercises")
+        run(right)
+        assert "Exercise 3: correct." in run("exercises.check_uneven_average(average_gradients)")
+        run(wrong)
+        failed = run("exercises.check_uneven_average(average_gradients)")
+        assert "AssertionError" in failed and "plain mean of the ranks' gradients" in failed
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
