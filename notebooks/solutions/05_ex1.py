@@ -1,4 +1,14 @@
-def resume_step(checkpoint_every, steps_per_epoch, fault_step):
-    saved = [step for step in range(1, fault_step + 1)
-             if step % checkpoint_every == 0 or step % steps_per_epoch == 0]  # every N steps, and each epoch end
-    return max(saved, default=0)  # the newest one; 0 when there is none yet
+# Solution to notebook 05, exercise 1: resume an epoch where the checkpoint left it.
+# The same sampler, at the same epoch, gives the same order: skip the batches trained before the stop.
+import itertools
+
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def resume_epoch(dataset, batch_size, epoch, batches_done, train_step):
+    sampler = DistributedSampler(dataset)  # seed 0, shuffled, this rank's share: as the uninterrupted run
+    sampler.set_epoch(epoch)  # that epoch's order, not epoch 0's
+    loader = DataLoader(dataset, batch_size, sampler=sampler)
+    for images, labels in itertools.islice(loader, batches_done, None):  # the first batches_done batches skipped
+        train_step(images, labels)
