@@ -1,7 +1,20 @@
-# Solution to notebook 01, exercise 1: where do the FLOPs go?
-# conv2 has 64 x 24 x 24 outputs; each is a sum of 32 x 3 x 3 products: one multiply and one add each.
-conv2_flops = 2 * (64 * 24 * 24) * (32 * 3 * 3)
-# fc1 multiplies a 9,216-vector by a 9,216 x 128 matrix: 2 FLOPs per weight.
-fc1_flops = 2 * 9216 * 128
-# fc1 holds 1.18 M of the 1.2 M parameters but costs 2.4 MFLOP; conv2 holds 18 k parameters and costs 21 MFLOP:
-# a convolution reuses each weight at every one of the 24 x 24 positions.
+# Solution to notebook 01, exercise 1: the test images the model gets wrong, gathered from every rank.
+# Each rank scores its evaluation shard (every world_size-th image, no padding, so each image once) and keeps the
+# indices in the whole test set; all_gather_object then gives every rank every rank's list, whatever its length.
+import torch
+import torch.distributed as dist
+
+from lesson import data
+
+
+def misclassified(model, test_set):
+    shard = data.evaluation_shard(test_set, dist.get_rank(), dist.get_world_size())
+    wrong = []
+    with torch.inference_mode():  # scoring only: no autograd graph
+        for index in shard.indices:  # indices in the whole test set
+            image, label = test_set[index]
+            if model(image.unsqueeze(0)).argmax(dim=1).item() != int(label):
+                wrong.append(index)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, wrong)  # everyone[r]: rank r's list, on every rank
+    return sorted(index for wrong_on_a_rank in everyone for index in wrong_on_a_rank)

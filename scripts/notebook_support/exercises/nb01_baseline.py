@@ -1,9 +1,16 @@
-"""The checks of 01_baseline.ipynb's exercises: the Net's FLOPs, against PyTorch's FLOP counter, and the images
-DistributedSampler repeats to pad the test set. Notebook support: a learner may skip this module.
+"""The checks of 01_baseline.ipynb's exercises: the participant's list of the test images a model gets wrong, run in
+2 processes, and the images DistributedSampler repeats to pad the test set. Notebook support: a learner may skip
+this module.
 """
+import contextlib
+
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from . import in_processes
 from .registry import exercise
 
 
@@ -39,3 +46,115 @@ def check_padding(repeated, test_images=10_000, world_sizes=range(1, 9)):
             f"{repeated[world_size]}")
     padded = {w: n for w, n in repeated.items() if n}
     return f"World sizes that pad {test_images:,} test images, and by how many: {padded}."
+
+
+# ---------------------------------------------------------------- exercise 1: the misclassified images, in 2 processes
+
+TEST_IMAGES = 11  # odd: a padded DistributedSampler repeats one image (index 0 unshuffled, 10 shuffled with seed 0)
+WRONG = [0, 3, 6, 10]  # the images the check's model gets wrong: 3 in rank 0's evaluation shard, 1 in rank 1's
+REPEATED = (0, 10)  # the image DistributedSampler(shuffle=False), then with its default shuffle, adds to rank 1
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")  # collectives that need one shape per rank
+
+
+def misclassified_case():
+    """A tiny model and a test set of TEST_IMAGES 1x2x2 images, labelled so that it gets exactly WRONG wrong."""
+    generator = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        images = torch.randn(TEST_IMAGES, 1, 2, 2, generator=generator)
+        labels = model(images).argmax(dim=1)
+    labels[WRONG] = (labels[WRONG] + 1) % 3
+    return model, TensorDataset(images, labels)
+
+
+def misclassified_in_rank(answer, work):
+    """In each of 2 processes: the participant's misclassified() on the tiny case; every rank must get WRONG. The
+    other ways it can come out name the mistake."""
+    rank = dist.get_rank()
+    assert dist.get_world_size() == 2, "this check runs in 2 processes"
+    model, test_set = misclassified_case()
+    scored = [0]  # images this rank's model scored
+    model.register_forward_hook(lambda module, inputs, output: scored.__setitem__(
+        0, scored[0] + (output.shape[0] if output.dim() > 1 else 1)))
+    with one_shape_per_rank(answer.misclassified.__globals__):
+        got = answer.misclassified(model, test_set)
+    try:
+        got = [int(index) for index in got]
+    except (TypeError, ValueError):
+        raise AssertionError(f"rank {rank}: misclassified returned {type(got).__name__}: return a list of "
+                             "indices, on every rank") from None
+    own = [index for index in WRONG if index % 2 == rank]  # this rank's evaluation shard: every other image
+    positions = {0: [index // 2 for index in WRONG if index % 2 == 0], 1: [index // 2 for index in WRONG if index % 2]}
+    mistakes = [
+        *((sorted(WRONG + [index]), f"index {index} is in the list twice: DistributedSampler pads the shards by "
+                                    "repeating images; score data.evaluation_shard (every world_size-th image, no "
+                                    "padding)") for index in REPEATED),
+        (sorted(WRONG * 2), "every wrong image is in the list twice: each rank scored the whole test set; score "
+                            "only this rank's share (data.evaluation_shard), then gather"),
+        (own, "these are only this rank's wrong images: gather every rank's (e.g. dist.all_gather_object) and "
+              "return them all, on every rank"),
+        (sorted(positions[0] + positions[1]), "these are positions within the ranks' shards: return indices in "
+                                              "the whole test set (a Subset's .indices maps one to the other)"),
+        (positions[rank], "these are positions within this rank's shard, and only its own: return indices in the "
+                          "whole test set, gathered from every rank"),
+    ]
+    if got != WRONG:
+        hint = next((hint for value, hint in mistakes if got == value),
+                    "the right indices, not sorted: sort them" if sorted(got) == WRONG else
+                    f"{got} is not the sorted list of the test images the model gets wrong (indices in the whole "
+                    "test set, each once)")
+        raise AssertionError(f"rank {rank}: {hint}")
+    if scored[0] >= TEST_IMAGES:
+        raise AssertionError(f"rank {rank}: right list, but this rank scored all {TEST_IMAGES} test images: score "
+                             "only its share (data.evaluation_shard) and gather the others' results")
+    return {"wrong": got, "scored": scored[0], "wrong_here": len(own)}
+
+
+@contextlib.contextmanager
+def one_shape_per_rank(namespace):
+    """While the participant's code runs, dist.all_gather and its kin first compare the tensor's shape on the ranks
+    and raise AssertionError on every rank if they differ: gloo would abort the process that receives more bytes
+    than it expects ("Received data size doesn't match expected size"), which would end the check's run."""
+    originals = {name: getattr(dist, name) for name in GATHERS if hasattr(dist, name)}
+    guarded = {name: shape_guard(name, original) for name, original in originals.items()}
+    imported = {key: next(name for name, original in originals.items() if value is original)
+                for key, value in namespace.items() if any(value is original for original in originals.values())}
+    for name, guard in guarded.items():
+        setattr(dist, name, guard)
+    for key, name in imported.items():  # `from torch.distributed import all_gather` in the notebook
+        namespace[key] = guarded[name]
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+        for key, name in imported.items():
+            namespace[key] = originals[name]
+
+
+def shape_guard(name, original):
+    def gather(*args, **kwargs):
+        tensor = args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor"))
+        if isinstance(tensor, torch.Tensor):
+            shapes = [None] * dist.get_world_size()
+            dist.all_gather_object(shapes, tuple(tensor.shape))  # all_gather_object is left as it is
+            if len(set(shapes)) > 1:
+                sent = ", ".join(f"{tuple(shape)} on rank {rank}" for rank, shape in enumerate(shapes))
+                raise AssertionError(
+                    f"rank {dist.get_rank()}: dist.{name} got tensors of different shapes ({sent}), which gloo "
+                    "cannot gather (it aborts a process or raises; this check stopped the call): gather lists with "
+                    "dist.all_gather_object, or pad to the largest")
+        return original(*args, **kwargs)
+    return gather
+
+
+@exercise(1, answers=("misclassified",), rank_check=misclassified_in_rank)
+def check_misclassified(misclassified):
+    detail = in_processes.run_check(misclassified_in_rank, misclassified=misclassified)
+    return (f"in 2 processes, the model gets {len(detail['wrong'])} of {TEST_IMAGES} test images wrong, "
+            f"{detail['wrong_here']} of them in rank 0's share and {len(detail['wrong']) - detail['wrong_here']} in "
+            f"rank 1's, and every rank returned {detail['wrong']}. Lists of different lengths travel with "
+            "all_gather_object, which gathers their sizes first and pads them to the largest; with gloo, "
+            "dist.all_gather needs one shape on every rank.")
