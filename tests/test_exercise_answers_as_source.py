@@ -26,6 +26,16 @@ def answer(x):
     return helper(x) * math.sqrt(4) + len(list(sampler)) + torch.zeros(1).item() + (dist.is_available() - 1)
 
 
+@torch.no_grad()
+def decorated_helper(x):
+    return x * 2
+
+
+@torch.inference_mode()
+def decorated(x):
+    return decorated_helper(torch.ones(1, requires_grad=True) * x).requires_grad
+
+
 def uses_a_tensor_of_the_notebook(x):
     return WEIGHTS * x
 
@@ -39,6 +49,12 @@ def test_the_source_carries_its_imports_helpers_and_plain_values(tmp_path):
     assert "import torch.distributed as dist" in source and "STEPS = 3" in source
     assert "from torch.utils.data.distributed import DistributedSampler as DistributedSampler" in source
     assert "def helper(x):" in source and "renamed = answer" in source
+
+
+def test_a_decorated_function_keeps_its_decorators(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text(module_source({"answer": decorated}))
+    assert load_answer(path).answer(3) is False and "@torch.no_grad()" in path.read_text()
 
 
 def test_a_value_the_processes_cannot_rebuild_is_named_in_one_line():

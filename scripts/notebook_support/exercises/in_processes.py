@@ -12,6 +12,7 @@ process group's timeout, then fails in the collective where it waited.
 ``verdicts`` runs several answers in one torchrun, one after another in the same process group: the tests use
 it to run the solution and every listed wrong answer at the cost of one start.
 """
+import ast
 import dis
 import inspect
 import json
@@ -92,6 +93,7 @@ def module_source(answers):
     they call, and an import line for each module or library name they use."""
     imports, sources, aliases, seen = [], [], [], set()
     for name, function in answers.items():
+        function = inspect.unwrap(function)  # a decorated function: its source holds the decorator line
         if not inspect.isfunction(function) or function.__name__ == "<lambda>":
             raise NotTransferable(f"`{name}` must be a function written with `def`")
         collect(function, function, imports, sources, seen)
@@ -105,16 +107,17 @@ def collect(function, answer, imports, sources, seen):
     if function in seen:
         return
     seen.add(function)
-    for name in sorted(global_names(function.__code__)):
+    source = textwrap.dedent(inspect.getsource(function))
+    for name in sorted(global_names(function.__code__) | decorator_names(source)):
         if name not in function.__globals__:
             continue  # a builtin, or a name the worker reports as undefined when the code runs
         value = function.__globals__[name]
         if isinstance(value, types.ModuleType):
             imports.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
-        elif written_alongside(value, function):
+        elif written_alongside(inspect.unwrap(value) if callable(value) else value, function):
             if value.__name__ == "<lambda>":
                 raise NotTransferable(f"`{answer.__name__}` uses `{name}`, a lambda: write it with `def`")
-            collect(value, answer, imports, sources, seen)
+            collect(inspect.unwrap(value), answer, imports, sources, seen)
         elif isinstance(value, PLAIN_VALUES):
             imports.append(f"{name} = {value!r}")
         elif importable(value):
@@ -123,9 +126,9 @@ def collect(function, answer, imports, sources, seen):
             raise NotTransferable(
                 f"`{answer.__name__}` uses `{name}`, a {type(value).__name__} of this notebook, which the check's "
                 f"processes cannot see: make it an argument, or build it inside the function")
-    if function.__code__.co_freevars:
+    if function.__code__.co_freevars:  # a closure: its source alone cannot rebuild it
         raise NotTransferable(f"`{function.__name__}` is defined inside another function: define it at the top level")
-    sources.append(textwrap.dedent(inspect.getsource(function)))
+    sources.append(source)
 
 
 def global_names(code):
@@ -136,6 +139,13 @@ def global_names(code):
         if isinstance(constant, types.CodeType):
             names |= global_names(constant)
     return names
+
+
+def decorator_names(source):
+    """The names the decorator lines use (``@torch.no_grad()``: torch): they run when the module is loaded."""
+    definition = ast.parse(source).body[0]
+    return {node.id for decorator in definition.decorator_list for node in ast.walk(decorator)
+            if isinstance(node, ast.Name)}
 
 
 def written_alongside(value, function):
