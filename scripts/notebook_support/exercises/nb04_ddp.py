@@ -1,11 +1,19 @@
 """The checks of 04_ddp.ipynb's exercises: a checkpoint saved with DDP's prefix loaded into the plain Net, DDP's buckets
-against those it built, and the steps each rank takes per epoch. Notebook support: a learner may skip this module.
+against those it built, and the participant's save and load of a DDP run, run in 2 processes. Notebook support: a
+learner may skip this module.
 """
+import contextlib
+import copy
 import math
+import time
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
+from . import in_processes
 from .registry import exercise
 
 
@@ -55,3 +63,219 @@ def check_steps_per_epoch(steps_per_epoch, images=60_000, global_batch=64):
                      f"{global_batch // gpus}, or {steps_per_epoch(gpus, global_batch, images)} of {global_batch}")
     return ("Per rank and epoch: " + "; ".join(lines) + ". With a fixed global batch every rank takes as many "
             "steps as one GPU did, each on fewer images.")
+
+
+# ---------------------------------------------------------------- exercise 3: save and load, in 2 processes
+# The check watches the participant's torch.save, torch.load and dist.barrier through wrappers, in each process:
+# - rank 0's torch.save first waits until every other rank has gone as far as it can without the file: to a
+#   barrier rank 0 has not reached yet, or to torch.load. A missing barrier then always shows as a read before the
+#   file was written, whatever the timing;
+# - dist.barrier is a barrier of marker files in `work`, not a collective: a rank that misses one is named instead
+#   of pairing with the next collective, so no wrong answer leaves the process group out of step;
+# - the other ranks' torch.save records the call but writes nothing, so two writers never share the file.
+# After the participant's code, one all_gather_object shares what each rank saw, and every rank gives one verdict.
+
+MARKER_WAIT_SECONDS = 20  # for a rank that never comes; less than the process group's timeout (in_processes)
+
+
+class ReadBeforeWritten(Exception):
+    """torch.load, on a rank that reached it before rank 0 had written the file."""
+
+
+class MissedBarrier(Exception):
+    """A rank waited at dist.barrier() for a rank that finished without calling it as often."""
+
+
+def save_and_load_in_rank(answer, work):
+    """In each of 2 processes: train a small model in DDP with Adam for two steps, call the participant's save,
+    then load into a fresh plain model and optimizer; both must hold what was trained, on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    ddp_model = DDP(small_model())
+    optimizer = torch.optim.Adam(ddp_model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)  # each rank its own shard
+    for _ in range(2):
+        optimizer.zero_grad()
+        F.cross_entropy(ddp_model(torch.randn(8, 4, generator=generator)),
+                        torch.randint(2, (8,), generator=generator)).backward()
+        optimizer.step()
+    trained = copy.deepcopy((ddp_model.module.state_dict(), optimizer.state_dict()))
+    torch.manual_seed(1)  # a fresh model with other weights, and an optimizer with no state yet
+    model = small_model()
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01)
+    path, device = work / "checkpoint.pt", torch.device("cpu")
+    watch = Watch(work, rank, world)
+    error = None
+    with watch.wrapping(answer):
+        try:
+            answer.save(ddp_model, optimizer, path)
+            answer.load(model, fresh, path, device)
+        except ReadBeforeWritten:
+            watch.seen["read_early"] = True
+        except MissedBarrier as missed:
+            watch.seen["barrier"] = str(missed)
+        except Exception as raised:  # noqa: BLE001 (said in one line, as the worker would, after the ranks agree)
+            error = f"rank {rank}: your code raised {type(raised).__name__}: " + \
+                (str(raised).strip().splitlines() or [""])[0]
+        finally:
+            watch.mark(f"done-{rank}")
+    watch.seen["error"] = error
+    watch.seen["model"] = same(model.state_dict(), trained[0])
+    watch.seen["optimizer"] = same(fresh.state_dict(), trained[1])
+    seen = [None] * world
+    dist.all_gather_object(seen, watch.seen)  # the one collective after the participant's code, on every rank
+    problem = save_and_load_problem(seen)
+    if problem:
+        raise AssertionError(problem)
+    return {"tensors": len(trained[0]), "moments": sorted(next(iter(trained[1]["state"].values())))}
+
+
+def small_model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def save_and_load_problem(seen):
+    """The first thing wrong, from what every rank saw (the same on every rank)."""
+    savers = [rank for rank, s in enumerate(seen) if s["saved"]]
+    early = [rank for rank, s in enumerate(seen) if s["read_early"]]
+    no_map = [rank for rank, s in enumerate(seen) if s["no_map_location"]]
+    barrier = next((s["barrier"] for s in seen if s["barrier"]), None)
+    error = next((s["error"] for s in seen if s["error"]), None)
+    if savers not in ([], [0]):
+        return (f"{'every rank' if len(savers) == len(seen) else f'rank(s) {savers}'} called torch.save: the ranks "
+                "hold the same weights, so rank 0 alone should write the file while the others wait")
+    if seen[0]["prefixed"]:
+        return ("the saved keys start with `module.`: that is the DDP wrapper's state_dict; save the model inside "
+                "it, which loads into a model without DDP")
+    if early:
+        return (f"rank {early[0]} reached torch.load before rank 0 had written the file: after rank 0's torch.save, "
+                "every rank calls dist.barrier()")
+    if error:  # before what follows, which a rank that raised causes on the others
+        return error
+    if not savers:
+        return "no rank called torch.save: rank 0 writes the model's and the optimizer's state_dicts to `path`"
+    if barrier:
+        return barrier
+    if no_map:
+        return (f"rank {no_map[0]} called torch.load without map_location: on GPUs each tensor loads back onto the "
+                "device it was saved from, cuda:0 on every rank; give it this rank's device")
+    if not all(s["model"] for s in seen):
+        return "after `load`, the model's weights are not the trained ones: load the saved state_dict into `model`"
+    if not all(s["optimizer"] for s in seen):
+        return ("after `load`, the optimizer's state (Adam's moving averages and step count) is not the trained "
+                "one: save the optimizer's state_dict too, and load it into `optimizer`")
+    return None
+
+
+class Watch:
+    """The wrappers of one answer on one rank, and what they saw."""
+
+    def __init__(self, work, rank, world):
+        self.markers, self.rank, self.world = work / "markers", rank, world
+        self.markers.mkdir(exist_ok=True)
+        self.barriers = 0  # how many times this rank called dist.barrier
+        self.seen = {"saved": False, "prefixed": False, "read_early": False, "no_map_location": False,
+                     "barrier": None}
+        self.real = {"save": torch.save, "load": torch.load, "barrier": dist.barrier}
+
+    @contextlib.contextmanager
+    def wrapping(self, answer):
+        """torch.save, torch.load and dist.barrier replaced while the participant's code runs, also where the
+        answer imported them by name; restored after, whatever happens."""
+        wrappers = {"save": self.save, "load": self.load, "barrier": self.barrier}
+        namespaces = {id(f.__globals__): f.__globals__ for f in (answer.save, answer.load)}.values()
+        by_name = [(namespace, name, key) for namespace in namespaces for name, value in namespace.items()
+                   for key, real in self.real.items() if value is real]
+        torch.save, torch.load, dist.barrier = wrappers["save"], wrappers["load"], wrappers["barrier"]
+        for namespace, name, key in by_name:
+            namespace[name] = wrappers[key]
+        try:
+            yield
+        finally:
+            torch.save, torch.load, dist.barrier = self.real["save"], self.real["load"], self.real["barrier"]
+            for namespace, name, key in by_name:
+                namespace[name] = self.real[key]
+
+    def mark(self, name):
+        (self.markers / name).touch()
+
+    def marked(self, name):
+        return (self.markers / name).exists()
+
+    def save(self, obj, f, *args, **kwargs):
+        self.seen["saved"] = True
+        self.seen["prefixed"] = self.seen["prefixed"] or prefixed(obj)
+        if self.rank != 0:
+            return None  # recorded; the file stays rank 0's
+        if not self.marked("saved"):  # the first save: wait until the others can go no further without the file
+            for other in range(1, self.world):
+                self.wait_for(lambda o=other: self.marked(f"barrier-{o}-{self.barriers + 1}")
+                              or self.marked(f"load-{o}") or self.marked(f"done-{o}"))
+        self.real["save"](obj, f, *args, **kwargs)
+        self.mark("saved")
+        return None
+
+    def load(self, f, *args, **kwargs):
+        early = not self.marked("saved")  # checked before the marker below, which rank 0's save waits for
+        self.mark(f"load-{self.rank}")
+        if early:
+            raise ReadBeforeWritten
+        if (args[0] if args else kwargs.get("map_location")) is None:
+            self.seen["no_map_location"] = True
+        return self.real["load"](f, *args, **kwargs)
+
+    def barrier(self, *args, **kwargs):
+        self.barriers += 1
+        self.mark(f"barrier-{self.rank}-{self.barriers}")
+        for other in range(self.world):
+            if other != self.rank:
+                arrived = self.wait_for(lambda o=other: self.marked(f"barrier-{o}-{self.barriers}")
+                                        or self.marked(f"done-{o}"))
+                if not (arrived and self.marked(f"barrier-{other}-{self.barriers}")):
+                    raise MissedBarrier(
+                        f"rank {self.rank} waited at dist.barrier() for rank {other}, which never reached it: "
+                        "a barrier works only when every rank calls it, as often")
+
+    @staticmethod
+    def wait_for(condition):
+        """Poll ``condition`` until it holds (True) or MARKER_WAIT_SECONDS pass (False): a rank that never comes
+        costs that long, never a wrong verdict for one that does."""
+        deadline = time.monotonic() + MARKER_WAIT_SECONDS
+        while not condition():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+
+def prefixed(obj):
+    """Whether any dict in ``obj`` has a key starting with "module.", as DDP's own state_dict does."""
+    if isinstance(obj, dict):
+        return any(isinstance(key, str) and key.startswith("module.") for key in obj) or \
+            any(prefixed(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(prefixed(value) for value in obj)
+    return False
+
+
+def same(got, expected):
+    """Equal nested state: the same keys, equal tensors (values and device), equal plain values."""
+    if isinstance(expected, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.device == expected.device and got.shape == expected.shape \
+            and torch.equal(got, expected)
+    if isinstance(expected, dict):
+        return isinstance(got, dict) and got.keys() == expected.keys() and all(same(got[k], v)
+                                                                               for k, v in expected.items())
+    if isinstance(expected, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(expected) and all(map(same, got, expected))
+    return got == expected
+
+
+@exercise(3, answers=("save", "load"), rank_check=save_and_load_in_rank)
+def check_save_and_load(save, load):
+    detail = in_processes.run_check(save_and_load_in_rank, save=save, load=load)
+    *moments, last = detail["moments"]
+    return (f"in 2 processes, rank 0 wrote the model's {detail['tensors']} tensors and Adam's state "
+            f"({', '.join(moments)} and {last} for each parameter) while rank 1 waited, and both ranks loaded "
+            "them onto their own device. Without the optimizer's state, a resumed Adam starts its averages from "
+            "zero: notebook 05 saves the whole training state.")
