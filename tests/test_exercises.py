@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from helpers import REPO
-from kit import more_models
 from lesson import data, models
 from notebook_support import exercises
 from notebook_support.exercises import EXERCISES, NOT_ATTEMPTED, is_placeholder
@@ -63,8 +62,6 @@ def context(exercise_id, request, tmp_path):
         return {"PREFIXED": path}, {"checkpoint": path}
     if exercise_id == "04.2":
         return {}, {"observed": request.getfixturevalue("ddp_buckets")}
-    if exercise_id == "06.1":
-        return {"more_models": more_models}, {}
     if exercise_id == "07.1":
         return {}, {"observed": request.getfixturevalue("beyond_observed")["accumulate"]}
     if exercise_id == "07.2":
@@ -101,17 +98,12 @@ def one_bucket(numels, caps_bytes):
     return [sum(numels)]
 
 
-def state_dict_bytes(module):
-    return sum(value.numel() * value.element_size() for value in module.state_dict().values())
-
-
 def wrong_answers(exercise_id, extra):
     """A plausible mistake for every exercise: each must fail its check."""
     model_bytes = sum(p.numel() * 4 for p in models.Net().parameters())
     return {
         "00.1": {"where": wrong_where, "crash_with_global_rank": list(range(4, 12))},
         "00.2": {"predict": wrong_predict},
-        "01.1": {"conv2_flops": (64 * 24 * 24) * (32 * 3 * 3), "fc1_flops": 9216 * 128},  # multiply-adds, not FLOPs
         "01.2": {"repeated": {w: 10_000 % w for w in range(1, 9)}},
         "02.1": {"shard": wrong_shard},
         "02.2": {"overlap": 0, "never_seen": 0},  # what the same seed on every rank would give
@@ -119,11 +111,6 @@ def wrong_answers(exercise_id, extra):
         "03.2": {"per_step": model_bytes * 4, "per_epoch": model_bytes * 4 * 235},  # GPU 0 needs no copy
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
-        "04.3": {"steps_per_epoch": lambda gpus, batch, images=60_000: images // (gpus * batch)},
-        "05.1": {"resume_step": lambda every, per_epoch, fault: fault // every * every},  # forgot the epoch ends
-        "06.1": {"head_bytes": 4 * (10 * 512 + 10),  # right, but layer4 counted from its state_dict
-                 "layer4_and_head_bytes": 4 * (10 * 512 + 10) + state_dict_bytes(more_models.resnet18().layer4),
-                 "buffer_bytes": 0},  # and DDP taken to send gradients only
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
         "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},

@@ -7,8 +7,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 def resume_epoch(dataset, batch_size, epoch, batches_done, train_step):
-    sampler = DistributedSampler(dataset)  # seed 0, shuffled, this rank's share: as the uninterrupted run
-    sampler.set_epoch(epoch)  # that epoch's order, not epoch 0's
-    loader = DataLoader(dataset, batch_size, sampler=sampler)
+    shards = DistributedSampler(dataset)  # seed 0, shuffled, this rank's share: as the uninterrupted run
+    shards.set_epoch(epoch)  # that epoch's order, not epoch 0's
+    loader = DataLoader(dataset, batch_size, sampler=shards)
     for images, labels in itertools.islice(loader, batches_done, None):  # the first batches_done batches skipped
         train_step(images, labels)

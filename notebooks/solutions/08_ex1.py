@@ -11,9 +11,9 @@ def time_all_reduce(tensor, warmup, iterations):
     for _ in range(warmup):
         dist.all_reduce(tensor)
     dist.barrier()
-    started = time.perf_counter()
+    start = time.perf_counter()
     for _ in range(iterations):
         dist.all_reduce(tensor)
-    seconds = torch.tensor((time.perf_counter() - started) / iterations)
+    seconds = torch.tensor((time.perf_counter() - start) / iterations)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's: the collective's time
     return seconds.item()

@@ -20,12 +20,12 @@ as ``exercises.check_flops(...)``. ``EXERCISES`` lists them all, for the tests.
 """
 # Importing a notebook's module registers its checks.
 from .nb00_concepts import check_predict, check_where, collectives_record  # noqa: F401
-from .nb01_baseline import check_flops, check_padding, forward_flops_per_layer  # noqa: F401
+from .nb01_baseline import check_misclassified, check_padding  # noqa: F401
 from .nb02_allreduce_by_hand import check_seed_per_rank, check_shard, check_uneven_average  # noqa: F401
-from .nb03_data_parallel import check_replicate_traffic, check_scatter  # noqa: F401
-from .nb04_ddp import check_predict_buckets, check_rescued, check_steps_per_epoch  # noqa: F401
-from .nb05_checkpoints_and_faults import check_resume_step, newest_checkpoint_step  # noqa: F401
-from .nb06_real_models import check_finetune_bytes, check_replica_gpus, ddp_bytes_per_step  # noqa: F401
+from .nb03_data_parallel import check_replicate_traffic, check_scatter, check_through_rank0  # noqa: F401
+from .nb04_ddp import check_predict_buckets, check_rescued, check_save_and_load  # noqa: F401
+from .nb05_checkpoints_and_faults import check_resume_epoch  # noqa: F401
+from .nb06_real_models import check_finetune_wrap, check_replica_gpus, ddp_bytes_per_step  # noqa: F401
 from .nb07_beyond_ddp import check_syncs_per_step, check_zero_state_per_rank  # noqa: F401
 from .nb08_performance import check_all_reduce_timing, check_communication_share  # noqa: F401
 from .nb09_when_it_hangs import check_culprit, check_odd_rank, hung_job_evidence, rank_dumps, where_each_rank_waits  # noqa: F401

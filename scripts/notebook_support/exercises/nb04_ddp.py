@@ -4,14 +4,12 @@ learner may skip this module.
 """
 import contextlib
 import copy
-import math
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
 from . import in_processes
 from .registry import exercise
@@ -48,21 +46,6 @@ def check_predict_buckets(predict_buckets, observed):
             f"first bucket, {explicit}: one all_reduce that waits for the whole backward, so nothing overlaps. "
             "Small buckets pay many latencies, large ones start late; for this model, the small first bucket "
             "of the default is what creates the overlap.")
-
-
-@exercise(3, answers=("steps_per_epoch",))
-def check_steps_per_epoch(steps_per_epoch, images=60_000, global_batch=64):
-    lines = []
-    for gpus in (1, 2, 4, 8):
-        for batch in (global_batch // gpus, global_batch):
-            shard = len(DistributedSampler(range(images), num_replicas=gpus, rank=0))
-            expected = math.ceil(shard / batch)  # the last, shorter batch is a step too
-            got = steps_per_epoch(gpus, batch, images)
-            assert got == expected, f"steps_per_epoch({gpus}, {batch}, {images}) = {got}: not what each rank does"
-        lines.append(f"{gpus} GPU(s): {steps_per_epoch(gpus, global_batch // gpus, images)} steps of "
-                     f"{global_batch // gpus}, or {steps_per_epoch(gpus, global_batch, images)} of {global_batch}")
-    return ("Per rank and epoch: " + "; ".join(lines) + ". With a fixed global batch every rank takes as many "
-            "steps as one GPU did, each on fewer images.")
 
 
 # ---------------------------------------------------------------- exercise 3: save and load, in 2 processes

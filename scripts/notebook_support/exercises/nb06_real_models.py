@@ -52,39 +52,6 @@ def ddp_bytes_per_step(model):
             dist.destroy_process_group()
 
 
-def _cifar_resnet_training(*prefixes):
-    """ResNet-18 for CIFAR-10's 10 classes; only the parameters under ``prefixes`` train."""
-    from kit.more_models import resnet18
-
-    model = resnet18(num_classes=10)
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad = name.startswith(prefixes)
-    return model
-
-
-@exercise(1, answers=("head_bytes", "layer4_and_head_bytes", "buffer_bytes"))
-def check_finetune_bytes(head_bytes, layer4_and_head_bytes, buffer_bytes):
-    head = ddp_bytes_per_step(_cifar_resnet_training("fc."))
-    assert head_bytes == head["gradients all-reduced"], (
-        f"head_bytes = {head_bytes:,}: the head of a 10-class ResNet-18 has a weight and a bias; how many values, "
-        "and how many bytes each?")
-    both = ddp_bytes_per_step(_cifar_resnet_training("fc.", "layer4."))
-    assert layer4_and_head_bytes == both["gradients all-reduced"], (
-        f"layer4_and_head_bytes = {layer4_and_head_bytes:,} is not what DDP all-reduced: DDP reduces the gradients "
-        "of the parameters that train; does everything in layer4's state_dict have a gradient?")
-    assert buffer_bytes == head["buffers broadcast"], (
-        f"buffer_bytes = {buffer_bytes:,} is not what DDP broadcast: it copies every buffer of the model from rank 0 "
-        "before each training forward, whatever trains; which buffers does a BatchNorm layer hold, and of which dtype?")
-    everything = ddp_bytes_per_step(_cifar_resnet_training(""))
-    total = {name: sum(sent.values()) for name, sent in (("head", head), ("all", everything))}
-    gradients_ratio = everything["gradients all-reduced"] / head["gradients all-reduced"]
-    return (f"Per training step DDP all-reduced {head['gradients all-reduced']:,} bytes of gradients with the head "
-            f"alone, {both['gradients all-reduced']:,} with layer4 too, {everything['gradients all-reduced']:,} with "
-            f"every layer, and broadcast the same {buffer_bytes:,} bytes of BatchNorm buffers each time. With the "
-            f"head alone that is {total['head']:,} bytes a step: {total['all'] / total['head']:,.0f} times fewer "
-            f"than training every layer, not the {gradients_ratio:,.0f} times the gradients alone suggest.")
-
-
 FINETUNE_TRAINS = ("layer4.", "fc.")  # the recipe: ResNet-18's last block and its head train, the rest is frozen
 FINETUNE_STEPS = 2
 FINETUNE_BATCH = (2, 3, 32, 32)  # images per rank: a different 2 on each
