@@ -62,8 +62,6 @@ def context(exercise_id, request, tmp_path):
         return {"PREFIXED": path}, {"checkpoint": path}
     if exercise_id == "04.2":
         return {}, {"observed": request.getfixturevalue("ddp_buckets")}
-    if exercise_id == "07.1":
-        return {}, {"observed": request.getfixturevalue("beyond_observed")["accumulate"]}
     if exercise_id == "07.2":
         numels = [p.numel() for p in models.Net().parameters()]
         return {}, {"observed": request.getfixturevalue("beyond_observed")["zero"], "parameter_numels": numels}
@@ -112,7 +110,6 @@ def wrong_answers(exercise_id, extra):
         "04.1": {"rescued": models.Net(dropout=False)},  # fresh weights, nothing loaded
         "04.2": {"predict_buckets": one_bucket},
         "06.2": {"replica_gpus": lambda rank, gpus, processes: (rank // processes, 2 * rank, 2 * rank + 1)},  # global
-        "07.1": {"syncs_per_step": lambda micro_batches, use_no_sync: micro_batches},  # no_sync forgotten
         "07.2": {"zero_state_per_rank": lambda numels, world_size: [8 * sum(numels) // world_size] * world_size},
         "08.2": {"communication_share": lambda batch, flops, rate, size, busbw, ranks:  # the batch's gradient
                  (batch * size / busbw) / (batch * flops / rate + batch * size / busbw)},

@@ -26,7 +26,7 @@ from .nb03_data_parallel import check_replicate_traffic, check_scatter, check_th
 from .nb04_ddp import check_predict_buckets, check_rescued, check_save_and_load  # noqa: F401
 from .nb05_checkpoints_and_faults import check_resume_epoch  # noqa: F401
 from .nb06_real_models import check_finetune_wrap, check_replica_gpus, ddp_bytes_per_step  # noqa: F401
-from .nb07_beyond_ddp import check_syncs_per_step, check_zero_state_per_rank  # noqa: F401
+from .nb07_beyond_ddp import check_bf16_hook, check_zero_state_per_rank  # noqa: F401
 from .nb08_performance import check_all_reduce_timing, check_communication_share  # noqa: F401
 from .nb09_when_it_hangs import check_culprit, check_odd_rank, hung_job_evidence, rank_dumps, where_each_rank_waits  # noqa: F401
 from .registry import EXERCISES, NOT_ATTEMPTED, Exercise, exercise, is_placeholder  # noqa: F401

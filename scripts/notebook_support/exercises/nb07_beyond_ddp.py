@@ -12,23 +12,6 @@ from lesson import models
 from . import in_processes
 from .registry import exercise
 
-
-@exercise(1, answers=("syncs_per_step",))
-def check_syncs_per_step(syncs_per_step, observed):
-    k = observed["micro_batches"]
-    for way, use_no_sync in (("no_sync", True), ("without no_sync", False)):
-        seen = observed[way]["syncs_per_step"][-1]
-        got = syncs_per_step(k, use_no_sync)
-        assert got == seen, f"syncs_per_step({k}, use_no_sync={use_no_sync}) = {got}; DDP synchronised {seen} time(s)"
-    for micro_batches in (1, 2, 8, 32):  # the rule, beyond the K the demo ran
-        pair = (syncs_per_step(micro_batches, True), syncs_per_step(micro_batches, False))
-        assert pair == (1, micro_batches), (f"for {micro_batches} micro-batches you predict {pair} (with, without "
-                                            "no_sync): think about what happens in each backward")
-    return (f"With no_sync one sync per optimizer step, whatever K; without it one per micro-batch: {k} times the "
-            "traffic, for exactly the same weights. On a slow network that is the difference between "
-            "accumulation being nearly free and costing K steps' worth of communication.")
-
-
 ADAM_BYTES_PER_NUMBER = 8  # exp_avg and exp_avg_sq, float32 each
 
 
