@@ -3,6 +3,7 @@ each module or library name it uses (notebook_support.exercises.in_processes.mod
 the transfer, and one end to end from a Jupyter kernel, where the function is written in a cell."""
 import math
 import textwrap
+import time
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from jupyter_client.manager import start_new_kernel
 from torch.utils.data.distributed import DistributedSampler
 
 from helpers import REPO
-from notebook_support.exercises.in_processes import NotTransferable, load_answer, module_source
+from notebook_support.exercises.in_processes import NotTransferable, load_answer, module_source, replaced
 
 STEPS = 3
 WEIGHTS = torch.ones(3)
@@ -55,6 +56,16 @@ def test_a_decorated_function_keeps_its_decorators(tmp_path):
     path = tmp_path / "answer.py"
     path.write_text(module_source({"answer": decorated}))
     assert load_answer(path).answer(3) is False and "@torch.no_grad()" in path.read_text()
+
+
+def test_a_rank_check_replaces_a_function_also_where_the_answer_imported_it_by_name(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text("import time\nfrom time import perf_counter as clock\n\n\n"
+                    "def answer():\n    return time.perf_counter(), clock()\n")
+    loaded = load_answer(path)
+    with replaced(loaded, {(time, "perf_counter"): lambda: 7.0}):
+        assert loaded.answer() == (7.0, 7.0)
+    assert 7.0 not in loaded.answer()  # both put back
 
 
 def test_a_value_the_processes_cannot_rebuild_is_named_in_one_line():

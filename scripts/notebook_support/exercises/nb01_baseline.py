@@ -2,7 +2,6 @@
 2 processes, and the images DistributedSampler repeats to pad the test set. Notebook support: a learner may skip
 this module.
 """
-import contextlib
 
 import torch
 import torch.distributed as dist
@@ -56,7 +55,7 @@ def misclassified_in_rank(answer, work):
     scored = [0]  # images this rank's model scored
     model.register_forward_hook(lambda module, inputs, output: scored.__setitem__(
         0, scored[0] + (output.shape[0] if output.dim() > 1 else 1)))
-    with one_shape_per_rank(answer.misclassified.__globals__):
+    with in_processes.replaced(answer, one_shape_per_rank()):
         got = answer.misclassified(model, test_set)
     try:
         got = [int(index) for index in got]
@@ -90,26 +89,11 @@ def misclassified_in_rank(answer, work):
     return {"wrong": got, "scored": scored[0], "wrong_here": len(own)}
 
 
-@contextlib.contextmanager
-def one_shape_per_rank(namespace):
-    """While the participant's code runs, dist.all_gather and its kin first compare the tensor's shape on the ranks
-    and raise AssertionError on every rank if they differ: gloo would abort the process that receives more bytes
-    than it expects ("Received data size doesn't match expected size"), which would end the check's run."""
-    originals = {name: getattr(dist, name) for name in GATHERS if hasattr(dist, name)}
-    guarded = {name: shape_guard(name, original) for name, original in originals.items()}
-    imported = {key: next(name for name, original in originals.items() if value is original)
-                for key, value in namespace.items() if any(value is original for original in originals.values())}
-    for name, guard in guarded.items():
-        setattr(dist, name, guard)
-    for key, name in imported.items():  # `from torch.distributed import all_gather` in the notebook
-        namespace[key] = guarded[name]
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-        for key, name in imported.items():
-            namespace[key] = originals[name]
+def one_shape_per_rank():
+    """Replacements of dist.all_gather and its kin that first compare the tensor's shape on the ranks and raise
+    AssertionError on every rank if they differ: gloo would abort the process that receives more bytes than it
+    expects ("Received data size doesn't match expected size"), which would end the check's run."""
+    return {(dist, name): shape_guard(name, getattr(dist, name)) for name in GATHERS if hasattr(dist, name)}
 
 
 def shape_guard(name, original):

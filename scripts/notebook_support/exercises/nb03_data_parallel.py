@@ -2,7 +2,6 @@
 replicate copies every step, and the participant's DataParallel route (gradients summed on rank 0, one step there,
 weights sent back out), run in 2 processes. Notebook support: a learner may skip this module.
 """
-import contextlib
 import copy
 import math
 
@@ -64,7 +63,7 @@ def through_rank0_in_rank(answer, work):
     calls = []  # ("step", 0) or (collective, bytes), in the order this rank made them
     hook = optimizer.register_step_post_hook(lambda *_: calls.append(("step", 0)))
     try:
-        with watched_collectives(calls):
+        with in_processes.replaced(answer, watched_collectives(calls)):
             answer.step_through_rank0(model, optimizer)
     finally:
         hook.remove()
@@ -132,24 +131,15 @@ def close(got, expected):
     return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
-@contextlib.contextmanager
 def watched_collectives(calls):
-    """Record each call of the WATCHED collectives, with the bytes of the tensor it was given."""
-    originals = {name: getattr(dist, name) for name in WATCHED}
-
-    def watch(name):
+    """Replacements of the WATCHED collectives that record each call, with the bytes of the tensor it was given."""
+    def watch(name, original):
         def call(tensor, *args, **kwargs):
             calls.append((name, tensor.numel() * tensor.element_size()))
-            return originals[name](tensor, *args, **kwargs)
+            return original(tensor, *args, **kwargs)
         return call
 
-    for name in WATCHED:
-        setattr(dist, name, watch(name))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
+    return {(dist, name): watch(name, getattr(dist, name)) for name in WATCHED}
 
 
 @exercise(3, answers=("step_through_rank0",), rank_check=through_rank0_in_rank)

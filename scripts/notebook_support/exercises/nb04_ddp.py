@@ -2,7 +2,6 @@
 against those it built, and the participant's save and load of a DDP run, run in 2 processes. Notebook support: a
 learner may skip this module.
 """
-import contextlib
 import copy
 import time
 
@@ -89,7 +88,7 @@ def save_and_load_in_rank(answer, work):
     path, device = work / "checkpoint.pt", torch.device("cpu")
     watch = Watch(work, rank, world)
     error = None
-    with watch.wrapping(answer):
+    with in_processes.replaced(answer, watch.wrappers()):
         try:
             answer.save(ddp_model, optimizer, path)
             answer.load(model, fresh, path, device)
@@ -161,23 +160,9 @@ class Watch:
                      "barrier": None}
         self.real = {"save": torch.save, "load": torch.load, "barrier": dist.barrier}
 
-    @contextlib.contextmanager
-    def wrapping(self, answer):
-        """torch.save, torch.load and dist.barrier replaced while the participant's code runs, also where the
-        answer imported them by name; restored after, whatever happens."""
-        wrappers = {"save": self.save, "load": self.load, "barrier": self.barrier}
-        namespaces = {id(f.__globals__): f.__globals__ for f in (answer.save, answer.load)}.values()
-        by_name = [(namespace, name, key) for namespace in namespaces for name, value in namespace.items()
-                   for key, real in self.real.items() if value is real]
-        torch.save, torch.load, dist.barrier = wrappers["save"], wrappers["load"], wrappers["barrier"]
-        for namespace, name, key in by_name:
-            namespace[name] = wrappers[key]
-        try:
-            yield
-        finally:
-            torch.save, torch.load, dist.barrier = self.real["save"], self.real["load"], self.real["barrier"]
-            for namespace, name, key in by_name:
-                namespace[name] = self.real[key]
+    def wrappers(self):
+        """What replaces torch.save, torch.load and dist.barrier while the participant's code runs."""
+        return {(torch, "save"): self.save, (torch, "load"): self.load, (dist, "barrier"): self.barrier}
 
     def mark(self, name):
         (self.markers / name).touch()
