@@ -2,6 +2,7 @@
 each module or library name it uses (notebook_support.exercises.in_processes.module_source). In-process tests of
 the transfer, and one end to end from a Jupyter kernel, where the function is written in a cell."""
 import math
+import os
 import textwrap
 import time
 
@@ -12,6 +13,7 @@ from jupyter_client.manager import start_new_kernel
 from torch.utils.data.distributed import DistributedSampler
 
 from helpers import REPO
+from notebook_support.exercises import EXERCISES, in_processes
 from notebook_support.exercises.in_processes import NotTransferable, load_answer, module_source, replaced
 
 STEPS = 3
@@ -37,6 +39,15 @@ def decorated(x):
     return decorated_helper(torch.ones(1, requires_grad=True) * x).requires_grad
 
 
+PREFIXES = ("layer4.", "fc.")
+HALF = torch.bfloat16
+LARGEST = dist.ReduceOp.MAX
+
+
+def uses_constants(name, dtype=HALF) -> bool:
+    return name.startswith(PREFIXES) and dtype is torch.bfloat16 and LARGEST == dist.ReduceOp.MAX
+
+
 def uses_a_tensor_of_the_notebook(x):
     return WEIGHTS * x
 
@@ -50,6 +61,13 @@ def test_the_source_carries_its_imports_helpers_and_plain_values(tmp_path):
     assert "import torch.distributed as dist" in source and "STEPS = 3" in source
     assert "from torch.utils.data.distributed import DistributedSampler as DistributedSampler" in source
     assert "def helper(x):" in source and "renamed = answer" in source
+
+
+def test_constants_written_as_python_dtypes_and_reduce_ops_travel_too(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text(module_source({"answer": uses_constants}))
+    loaded = load_answer(path)
+    assert loaded.answer("fc.weight") and not loaded.answer("conv1.weight")
 
 
 def test_a_decorated_function_keeps_its_decorators(tmp_path):
@@ -70,10 +88,37 @@ def test_a_rank_check_replaces_a_function_also_where_the_answer_imported_it_by_n
 
 def test_a_value_the_processes_cannot_rebuild_is_named_in_one_line():
     with pytest.raises(NotTransferable, match="uses `WEIGHTS`, a Tensor of this notebook, which the check's "
-                                              "processes cannot see: make it an argument"):
+                                              "processes cannot see: build it inside the function"):
         module_source({"answer": uses_a_tensor_of_the_notebook})
     with pytest.raises(NotTransferable, match="must be a function written with `def`"):
         module_source({"answer": lambda x: x})
+
+
+def hangs_on_rank_1(model, images_here):
+    while dist.get_rank() == 1:
+        pass
+
+
+def asserts(model, images_here):
+    assert images_here > 100
+
+
+def dies_on_rank_1(model, images_here):
+    if dist.get_rank() == 1:
+        os._exit(7)
+
+
+@pytest.mark.slow  # two torchruns of 2 processes
+def test_an_answer_that_asserts_hangs_or_dies_gets_one_line_naming_the_rank():
+    """A participant's own assert is theirs, not the check's verdict; a rank whose code never returns is ended
+    by the worker (here after 3 s), and one that dies is named with its exit code."""
+    check = EXERCISES["02.3"].rank_check
+    (asserted, _), (hung, _) = in_processes.verdicts(
+        check, [{"average_gradients": asserts}, {"average_gradients": hangs_on_rank_1}], answer_seconds=3)
+    assert asserted == "rank 0: your code raised AssertionError at `assert images_here > 100`: "
+    assert hung.startswith("rank 1: your code did not return within 3 s")
+    [(died, _)] = in_processes.verdicts(check, [{"average_gradients": dies_on_rank_1}], answer_seconds=3)
+    assert died == "rank 1 ended before its verdict: exit code 7"
 
 
 @pytest.mark.slow  # a kernel, and one torchrun of 2 processes per check

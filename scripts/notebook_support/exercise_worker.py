@@ -2,14 +2,17 @@
 Notebook support: a learner may skip it.
 
 Each process joins a gloo group, then for each answer the kernel wrote (answer0.py, answer1.py, ...) runs the
-exercise's rank check on it and writes its verdicts so far to rank<R>.json in the folder: a rank that hangs or dies
-leaves the verdicts it reached.
+exercise's rank check on it and writes its verdicts so far to rank<R>.json in the folder: a rank that dies leaves
+the verdicts it reached, and one whose answer does not return within ANSWER_SECONDS writes that and ends.
 """
 import argparse
 import datetime
 import importlib
 import json
+import os
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's packages
@@ -17,18 +20,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from notebook_support.exercises.in_processes import TIMEOUT_SECONDS, load_answer  # noqa: E402
+from notebook_support.exercises.in_processes import ANSWER_SECONDS, HUNG, TIMEOUT_SECONDS, Wrong, load_answer  # noqa: E402
 
 
 def verdict(rank_check, answer_path, work):
-    """[problem or None, detail]: the rank check's one line, or what the participant's code raised."""
+    """[problem or None, detail]: the rank check's one line, or what the participant's code raised, in one line."""
     try:
         return [None, rank_check(load_answer(answer_path), work)]
-    except AssertionError as wrong:
-        return [str(wrong), None]
     except Exception as error:  # noqa: BLE001 (the participant's code may raise anything: say what, in one line)
-        message = (str(error).strip().splitlines() or [""])[0]
-        return [f"rank {dist.get_rank()}: your code raised {type(error).__name__}: {message}", None]
+        yours = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(answer_path)]
+        if isinstance(error, Wrong) or (isinstance(error, AssertionError) and not yours):
+            return [str(error), None]  # the check's verdict
+        return [raised(error, yours), None]
+
+
+def raised(error, yours):
+    """'rank 1: your code raised RuntimeError at `dist.all_gather(out, t)`: ...', the message's first line."""
+    where = f" at `{yours[-1].line}`" if yours and yours[-1].line else ""
+    message = (str(error).strip().splitlines() or [""])[0]
+    if "Timed out" in message or "timed out" in message:  # gloo: a collective that another rank never joined
+        message = (f"this rank waited {TIMEOUT_SECONDS} s in a collective that another rank never called: do all "
+                   "ranks call the same collectives, in the same order?")
+    return f"rank {dist.get_rank()}: your code raised {type(error).__name__}{where}: {message}"
+
+
+def give_up_after(seconds, results, report):
+    """End this process if the answer has not returned after ``seconds``, with a verdict that says so: a loop
+    that never ends would otherwise hold the check (and the machine's cores) until the kernel's limit."""
+    def give_up():
+        results.append([f"rank {dist.get_rank()}: {HUNG} {seconds:g} s: a loop that never ends, or a wait for "
+                        "something that never comes", None])
+        report(results)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main():
@@ -36,17 +64,26 @@ def main():
     parser.add_argument("--check", required=True, help="module:function of the rank check")
     parser.add_argument("--answers", type=int, required=True, help="how many answer files to run, in turn")
     parser.add_argument("--folder", type=Path, required=True, help="where the answers are and the verdicts go")
+    parser.add_argument("--answer-seconds", type=float, default=ANSWER_SECONDS,
+                        help="how long one answer may run before this process ends it")
     args = parser.parse_args()
     torch.set_num_threads(1)  # two processes share the cores
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
     module, name = args.check.split(":")
     rank_check = getattr(importlib.import_module(module), name)
-    results = []
+    results, path = [], args.folder / f"rank{dist.get_rank()}.json"
+
+    def report(verdicts):
+        path.write_text(json.dumps(verdicts))
+
     for number in range(args.answers):
         work = args.folder / f"work{number}"  # a folder of its own, for the files an answer writes
         work.mkdir(exist_ok=True)
-        results.append(verdict(rank_check, args.folder / f"answer{number}.py", work))
-        (args.folder / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
+        watchdog = give_up_after(args.answer_seconds, results, report)
+        outcome = verdict(rank_check, args.folder / f"answer{number}.py", work)
+        watchdog.cancel()
+        results.append(outcome)
+        report(results)
     dist.destroy_process_group()
 
 

@@ -6,8 +6,9 @@ A notebook's kernel cannot hand a function to other processes (notebook 00 shows
 uses, and starts ``notebook_support/exercise_worker.py`` under torchrun: 2 gloo processes on this machine. Each
 process loads the file and runs the exercise's *rank check*, a function of the exercise's module that calls the
 participant's code with the real torch.distributed and says in one line what is wrong, with a hint. Each rank
-writes its verdict to a file; the kernel reads them. A rank that hangs waits at most ``TIMEOUT_SECONDS``, the
-process group's timeout, then fails in the collective where it waited.
+writes its verdict to a file; the kernel reads them. A rank waiting in a collective that another rank never calls
+fails after ``TIMEOUT_SECONDS``, the process group's timeout; a rank whose code never returns is ended after
+``ANSWER_SECONDS`` by the worker, with a verdict that says so.
 
 ``verdicts`` runs several answers in one torchrun, one after another in the same process group: the tests use
 it to run the solution and every listed wrong answer at the cost of one start.
@@ -18,6 +19,7 @@ import dis
 import inspect
 import json
 import re
+import signal
 import sys
 import tempfile
 import textwrap
@@ -28,8 +30,15 @@ from notebook_support.runs import torchrun
 
 WORKER = "notebook_support/exercise_worker.py"
 TIMEOUT_SECONDS = 30  # the worker's process-group timeout: how long a rank waits for a collective that never comes
-RUN_LIMIT_SECONDS = 300  # the whole torchrun, startup included, on a loaded 2-core machine
-PLAIN_VALUES = (bool, int, float, str, type(None))
+ANSWER_SECONDS = 60  # how long one answer may run on a rank before the worker ends it
+START_SECONDS = 120  # torchrun and two processes importing torch, on a loaded 2-core machine
+HUNG = "your code did not return within"  # the start of the verdict of a rank the worker ended
+
+
+class Wrong(AssertionError):
+    """A rank check's verdict: what is wrong, with a hint, in one line. A rank check may also raise it from inside
+    the participant's call (a replaced function that sees the mistake); a plain AssertionError raised in the
+    participant's own code is reported as theirs."""
 
 
 class NotTransferable(AssertionError):
@@ -40,14 +49,15 @@ def run_check(rank_check, nproc=2, **answers):
     """Run ``rank_check`` on ``answers`` (names -> functions) in ``nproc`` gloo processes; return rank 0's detail.
     A wrong answer raises AssertionError with the first rank's one-line verdict."""
     [(problem, details)] = verdicts(rank_check, [answers], nproc)
-    if problem:
+    if problem is not None:
         raise AssertionError(problem)
     return details[0]
 
 
-def verdicts(rank_check, answer_sets, nproc=2):
+def verdicts(rank_check, answer_sets, nproc=2, answer_seconds=ANSWER_SECONDS):
     """For each dict of answers: (the first problem any rank found, or None; every rank's detail), from one
-    torchrun in which every set runs in turn."""
+    torchrun in which every set runs in turn. A rank that dies, or that the worker ends after ``answer_seconds``,
+    leaves the sets after it without a verdict."""
     with tempfile.TemporaryDirectory(prefix="exercise-") as folder:
         folder = Path(folder)
         for number, answers in enumerate(answer_sets):
@@ -55,7 +65,8 @@ def verdicts(rank_check, answer_sets, nproc=2):
         check = f"{rank_check.__module__}:{rank_check.__name__}"
         try:
             output = torchrun(WORKER, "--check", check, "--answers", len(answer_sets), "--folder", folder,
-                              nproc=nproc, timeout=RUN_LIMIT_SECONDS, echo=False)
+                              "--answer-seconds", answer_seconds, nproc=nproc,
+                              timeout=START_SECONDS + answer_seconds * len(answer_sets), echo=False)
         except Exception as failure:  # noqa: BLE001 (RunFailed or a timeout: the rank files say what got done)
             output = str(failure)
         ranks = [read_rank(folder, rank) for rank in range(nproc)]
@@ -68,17 +79,30 @@ def read_rank(folder, rank):
 
 
 def combine(ranks, number, output):
+    """The first problem, from a rank whose own code hung or died if there is one (the others' errors, and
+    torchrun's SIGTERM to the rest, follow from it), and every rank's detail."""
     problems, details = [], []
     for rank, results in enumerate(ranks):
         if number >= len(results):
-            problems.append(f"rank {rank} stopped before its verdict; the run ended with: {last_error(output)}")
+            ending = how_it_ended(output, rank)
+            problems.append((1 if ending == ": killed by SIGTERM" else 0,
+                             f"rank {rank} ended before its verdict{ending}"))
             details.append(None)
             continue
         problem, detail = results[number]
-        if problem:
-            problems.append(problem)
+        if problem is not None:
+            problems.append((0 if problem.startswith(f"rank {rank}: {HUNG}") else 2, problem or "(no message)"))
         details.append(detail)
-    return (problems[0] if problems else None), details
+    return (min(problems, key=lambda p: p[0])[1] if problems else None), details
+
+
+def how_it_ended(output, rank):
+    """': killed by SIGSEGV' or ': exit code 1', from torchrun's summary of the failed run; else its last error."""
+    ended = re.search(rf"^\s*rank\s*:\s*{rank} \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", output, re.M)
+    if ended:
+        code = int(ended[1])
+        return f": killed by {signal.Signals(-code).name}" if code < 0 else f": exit code {code}"
+    return f"; the run ended with: {last_error(output)}"
 
 
 def last_error(output):
@@ -108,10 +132,13 @@ def collect(function, answer, imports, sources, seen):
     if function in seen:
         return
     seen.add(function)
+    if function.__code__.co_freevars:  # a closure: its source alone cannot rebuild it
+        raise NotTransferable(f"`{answer.__name__}` is built inside another function (a def inside a def, or a "
+                              "decorator without functools.wraps): write it at the top level of the cell")
     source = textwrap.dedent(inspect.getsource(function))
-    for name in sorted(global_names(function.__code__) | decorator_names(source)):
-        if name not in function.__globals__:
-            continue  # a builtin, or a name the worker reports as undefined when the code runs
+    for name in sorted(global_names(function.__code__) | signature_names(source)):
+        if name not in function.__globals__ or not name.isidentifier():
+            continue  # a builtin, a name the worker reports as undefined, or pytest's rewriting of an assert
         value = function.__globals__[name]
         if isinstance(value, types.ModuleType):
             imports.append(f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}")
@@ -119,17 +146,32 @@ def collect(function, answer, imports, sources, seen):
             if value.__name__ == "<lambda>":
                 raise NotTransferable(f"`{answer.__name__}` uses `{name}`, a lambda: write it with `def`")
             collect(inspect.unwrap(value), answer, imports, sources, seen)
-        elif isinstance(value, PLAIN_VALUES):
-            imports.append(f"{name} = {value!r}")
+        elif (line := constant_line(name, value)) is not None:
+            imports.append(line)
         elif importable(value):
             imports.append(f"from {value.__module__} import {value.__qualname__} as {name}")
         else:
             raise NotTransferable(
                 f"`{answer.__name__}` uses `{name}`, a {type(value).__name__} of this notebook, which the check's "
-                f"processes cannot see: make it an argument, or build it inside the function")
-    if function.__code__.co_freevars:  # a closure: its source alone cannot rebuild it
-        raise NotTransferable(f"`{function.__name__}` is defined inside another function: define it at the top level")
+                f"processes cannot see: build it inside the function")
     sources.append(source)
+
+
+def constant_line(name, value):
+    """``name = ...`` for a value written as Python (numbers, strings, tuples, lists and dicts of them), a torch
+    dtype or a ReduceOp; None for anything else."""
+    import torch
+    import torch.distributed as dist
+
+    if isinstance(value, torch.dtype):
+        return f"import torch\n{name} = {value}"  # its repr: torch.bfloat16
+    if isinstance(value, dist.ReduceOp.RedOpType):
+        return f"import torch.distributed\n{name} = torch.distributed.ReduceOp.{value.name}"
+    try:
+        same = ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return f"{name} = {value!r}" if same else None
 
 
 def global_names(code):
@@ -142,11 +184,17 @@ def global_names(code):
     return names
 
 
-def decorator_names(source):
-    """The names the decorator lines use (``@torch.no_grad()``: torch): they run when the module is loaded."""
+def signature_names(source):
+    """The names the def line itself uses, which run when the module is loaded: the decorators
+    (``@torch.no_grad()``: torch), the default values and the annotations."""
     definition = ast.parse(source).body[0]
-    return {node.id for decorator in definition.decorator_list for node in ast.walk(decorator)
-            if isinstance(node, ast.Name)}
+    arguments = definition.args
+    annotated = [argument.annotation for argument in (*arguments.posonlyargs, *arguments.args,
+                                                      *arguments.kwonlyargs, arguments.vararg, arguments.kwarg)
+                 if argument is not None and argument.annotation is not None]
+    parts = [*definition.decorator_list, *arguments.defaults, *filter(None, arguments.kw_defaults), *annotated,
+             *filter(None, [definition.returns])]
+    return {node.id for part in parts for node in ast.walk(part) if isinstance(node, ast.Name)}
 
 
 def written_alongside(value, function):

@@ -60,7 +60,7 @@ def misclassified_in_rank(answer, work):
     try:
         got = [int(index) for index in got]
     except (TypeError, ValueError):
-        raise AssertionError(f"rank {rank}: misclassified returned {type(got).__name__}: return a list of "
+        raise in_processes.Wrong(f"rank {rank}: misclassified returned {type(got).__name__}: return a list of "
                              "indices, on every rank") from None
     own = [index for index in WRONG if index % 2 == rank]  # this rank's evaluation shard: every other image
     positions = {0: [index // 2 for index in WRONG if index % 2 == 0], 1: [index // 2 for index in WRONG if index % 2]}
@@ -82,9 +82,9 @@ def misclassified_in_rank(answer, work):
                     "the right indices, not sorted: sort them" if sorted(got) == WRONG else
                     f"{got} is not the sorted list of the test images the model gets wrong (indices in the whole "
                     "test set, each once)")
-        raise AssertionError(f"rank {rank}: {hint}")
+        raise in_processes.Wrong(f"rank {rank}: {hint}")
     if scored[0] >= TEST_IMAGES:
-        raise AssertionError(f"rank {rank}: right list, but this rank scored all {TEST_IMAGES} test images: score "
+        raise in_processes.Wrong(f"rank {rank}: right list, but this rank scored all {TEST_IMAGES} test images: score "
                              "only its share (data.evaluation_shard) and gather the others' results")
     return {"wrong": got, "scored": scored[0], "wrong_here": len(own)}
 
@@ -104,7 +104,7 @@ def shape_guard(name, original):
             dist.all_gather_object(shapes, tuple(tensor.shape))  # all_gather_object is left as it is
             if len(set(shapes)) > 1:
                 sent = ", ".join(f"{tuple(shape)} on rank {rank}" for rank, shape in enumerate(shapes))
-                raise AssertionError(
+                raise in_processes.Wrong(
                     f"rank {dist.get_rank()}: dist.{name} got tensors of different shapes ({sent}), which gloo "
                     "cannot gather (it aborts a process or raises; this check stopped the call): gather lists with "
                     "dist.all_gather_object, or pad to the largest")

@@ -68,7 +68,7 @@ def uneven_average_in_rank(answer, work):
     ]
     if not close(got, whole):
         hint = next((hint for value, hint in mistakes if close(got, value)), "this is not the whole batch's gradient")
-        raise AssertionError(f"rank {rank}: {hint} "
+        raise in_processes.Wrong(f"rank {rank}: {hint} "
                              f"(largest difference from the whole batch's gradient: {(got - whole).abs().max():.1e})")
     return {"weighted": (got - whole).abs().max().item(), "plain": ((a + b) / 2 - whole).abs().max().item()}
 
