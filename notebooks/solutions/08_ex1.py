@@ -1,4 +1,4 @@
-# Solution to notebook 08, exercise 1: time an all_reduce as nccl-tests does.
+# Solution to notebook 08, exercise 1: time an all_reduce as section 2's benchmark does.
 # Untimed warm-up calls first (the first calls set up connections and buffers), then the ranks
 # start together, time back-to-back calls, and report the slowest rank's mean on every rank.
 import time

@@ -48,6 +48,12 @@ def without_machine_paths(text):
     return text
 
 
+def without_demo_arguments(dump):
+    """py-spy's "Process N: python -u scripts/demos/hangs.py --demo ... --short-rank 2 ..." line without the
+    demo's arguments: they name the rank that notebook 09's exercise 1 asks for."""
+    return re.sub(r"(?m)^(Process \d+: .*?hangs\.py) .*$", r"\1 (its arguments left out)", dump)
+
+
 def record_dumps(folder):
     def ready(frames):
         waiting = rank_stacks.waiting_collective(frames)
@@ -57,8 +63,8 @@ def record_dumps(folder):
     stacks, _, _ = rank_stacks.dump_hung_job("demos/hangs.py", "--demo", "uneven-then-barrier", "--short-rank", 2,
                                              "--timeout", 20, nproc=3, ready=ready, keep_text=texts)
     assert all(ready(frames) for frames in stacks.values()), stacks
-    parts = [f"=== rank {rank}: py-spy dump --pid <its pid> ===\n{without_machine_paths(texts[rank]).strip()}\n"
-             for rank in sorted(texts)]
+    parts = [f"=== rank {rank}: py-spy dump --pid <its pid> ===\n"
+             f"{without_demo_arguments(without_machine_paths(texts[rank])).strip()}\n" for rank in sorted(texts)]
     (folder / "uneven_3_ranks.pyspy.txt").write_text("\n".join(parts))
 
 

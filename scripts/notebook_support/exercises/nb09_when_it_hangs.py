@@ -7,12 +7,10 @@ from .registry import exercise
 
 
 def hung_job_evidence(name):
-    """A file of notebooks/hung_jobs/: what two real hung jobs left (scripts/demos/record_hung_jobs.py made them).
-    The demo's arguments on py-spy's "Process" lines are left out: they name the rank exercise 1 asks for."""
+    """A file of notebooks/hung_jobs/: what two real hung jobs left (scripts/demos/record_hung_jobs.py made them)."""
     from kit.output_paths import REPO
 
-    text = (REPO / "notebooks" / "hung_jobs" / name).read_text()
-    return re.sub(r"(?m)^(Process \d+: .*?hangs\.py) .*$", r"\1 (its arguments left out)", text)
+    return (REPO / "notebooks" / "hung_jobs" / name).read_text()
 
 
 def rank_dumps(text):
