@@ -57,6 +57,24 @@ def reads_value_early(state, bucket):
     return done
 
 
+def callback_reads_bucket(state, bucket):
+    work = dist.all_reduce(bucket.buffer().to(torch.bfloat16), async_op=True)  # sums the bf16 copy, not the bucket
+    return work.get_future().then(lambda future: bucket.buffer() / dist.get_world_size())
+
+
+def returns_work_future(state, bucket):
+    return dist.all_reduce(bucket.buffer().to(torch.bfloat16), async_op=True).get_future()  # its value: [tensor]
+
+
+def sends_float16(state, bucket):
+    work = dist.all_reduce(bucket.buffer().to(torch.float16), async_op=True)  # half the bytes too, not the range
+
+    def average(future):
+        return future.value()[0].to(torch.float32) / dist.get_world_size()
+
+    return work.get_future().then(average)
+
+
 MISTAKES = [
     ({"average_in_bf16": no_division}, "divide by the world size"),
     ({"average_in_bf16": float32_all_reduce}, "no compression"),
@@ -64,4 +82,7 @@ MISTAKES = [
     ({"average_in_bf16": waits_inside}, "backward stalls at every bucket"),
     ({"average_in_bf16": never_waits}, "before its all_reduce completed"),
     ({"average_in_bf16": reads_value_early}, "before its all_reduce completed"),
+    ({"average_in_bf16": callback_reads_bucket}, "your callback returned this rank's own gradients"),
+    ({"average_in_bf16": returns_work_future}, "DDP needs a single tensor"),
+    ({"average_in_bf16": sends_float16}, "the exercise asks for bfloat16"),
 ]
