@@ -103,6 +103,12 @@ def asserts(model, images_here):
     assert images_here > 100
 
 
+def only_rank_0_reduces(model, images_here):
+    if dist.get_rank() == 0:
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)
+
+
 def dies_on_rank_1(model, images_here):
     if dist.get_rank() == 1:
         os._exit(7)
@@ -119,6 +125,14 @@ def test_an_answer_that_asserts_hangs_or_dies_gets_one_line_naming_the_rank():
     assert hung.startswith("rank 1: your code did not return within 3 s")
     [(died, _)] = in_processes.verdicts(check, [{"average_gradients": dies_on_rank_1}], answer_seconds=3)
     assert died == "rank 1 ended before its verdict: exit code 7"
+
+
+@pytest.mark.slow  # one torchrun of 2 processes
+def test_the_rank_whose_mistake_explains_the_other_ranks_error_is_the_one_named():
+    """Only rank 0 calls all_reduce: rank 0's collective fails because rank 1 is elsewhere (gloo's "Connection
+    closed by peer" or a timeout), and rank 1's named verdict, which says what to do, is the one shown."""
+    [(problem, _)] = in_processes.verdicts(EXERCISES["02.3"].rank_check, [{"average_gradients": only_rank_0_reduces}])
+    assert problem.startswith("rank 1: this rank's gradient is unchanged: all_reduce the gradients")
 
 
 @pytest.mark.slow  # a kernel, and one torchrun of 2 processes per check

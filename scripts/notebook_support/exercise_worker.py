@@ -10,6 +10,7 @@ import datetime
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import traceback
@@ -20,7 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the co
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from notebook_support.exercises.in_processes import ANSWER_SECONDS, HUNG, TIMEOUT_SECONDS, Wrong, load_answer  # noqa: E402
+from notebook_support.exercises.in_processes import (  # noqa: E402
+    ANSWER_SECONDS,
+    HUNG,
+    LEFT,
+    SAME_COLLECTIVES,
+    TIMEOUT_SECONDS,
+    WAITED,
+    Wrong,
+    load_answer,
+)
 
 
 def verdict(rank_check, answer_path, work):
@@ -38,9 +48,10 @@ def raised(error, yours):
     """'rank 1: your code raised RuntimeError at `dist.all_gather(out, t)`: ...', the message's first line."""
     where = f" at `{yours[-1].line}`" if yours and yours[-1].line else ""
     message = (str(error).strip().splitlines() or [""])[0]
-    if "Timed out" in message or "timed out" in message:  # gloo: a collective that another rank never joined
-        message = (f"this rank waited {TIMEOUT_SECONDS} s in a collective that another rank never called: do all "
-                   "ranks call the same collectives, in the same order?")
+    if re.search(r"[Tt]imed out", message):  # gloo: a collective that another rank never joined
+        message = WAITED.format(seconds=TIMEOUT_SECONDS) + SAME_COLLECTIVES
+    elif re.search(r"Connection (closed|reset) by peer", message):  # gloo: the other rank left it
+        message = LEFT + SAME_COLLECTIVES
     return f"rank {dist.get_rank()}: your code raised {type(error).__name__}{where}: {message}"
 
 

@@ -33,6 +33,11 @@ TIMEOUT_SECONDS = 30  # the worker's process-group timeout: how long a rank wait
 ANSWER_SECONDS = 60  # how long one answer may run on a rank before the worker ends it
 START_SECONDS = 120  # torchrun and two processes importing torch, on a loaded 2-core machine
 HUNG = "your code did not return within"  # the start of the verdict of a rank the worker ended
+# What gloo's errors in a collective mean here: another rank called another collective, none, or left. They follow
+# from another rank's mistake, which its own verdict names better.
+WAITED = "this rank waited {seconds} s in a collective that another rank never called"
+LEFT = "this rank was in a collective that another rank left (it returned, raised or ended)"
+SAME_COLLECTIVES = ": do all ranks call the same collectives, in the same order?"
 
 
 class Wrong(AssertionError):
@@ -79,21 +84,30 @@ def read_rank(folder, rank):
 
 
 def combine(ranks, number, output):
-    """The first problem, from a rank whose own code hung or died if there is one (the others' errors, and
-    torchrun's SIGTERM to the rest, follow from it), and every rank's detail."""
+    """The first problem by what explains most: a rank whose own code hung or died, then a named mistake or an
+    error of the participant's code, then a rank that torchrun stopped because another died, then a collective
+    that failed because another rank was elsewhere. And every rank's detail."""
     problems, details = [], []
     for rank, results in enumerate(ranks):
         if number >= len(results):
             ending = how_it_ended(output, rank)
-            problems.append((1 if ending == ": killed by SIGTERM" else 0,
+            problems.append((2 if ending == ": killed by SIGTERM" else 0,
                              f"rank {rank} ended before its verdict{ending}"))
             details.append(None)
             continue
         problem, detail = results[number]
         if problem is not None:
-            problems.append((0 if problem.startswith(f"rank {rank}: {HUNG}") else 2, problem or "(no message)"))
+            problems.append((rank_of(problem, rank), problem or "(no message)"))
         details.append(detail)
     return (min(problems, key=lambda p: p[0])[1] if problems else None), details
+
+
+def rank_of(problem, rank):
+    if problem.startswith(f"rank {rank}: {HUNG}"):
+        return 0
+    if SAME_COLLECTIVES in problem:
+        return 3
+    return 1
 
 
 def how_it_ended(output, rank):
