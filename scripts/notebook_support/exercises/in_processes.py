@@ -52,7 +52,7 @@ class NotTransferable(AssertionError):
 
 def run_check(rank_check, nproc=2, **answers):
     """Run ``rank_check`` on ``answers`` (names -> functions) in ``nproc`` gloo processes; return rank 0's detail.
-    A wrong answer raises AssertionError with the first rank's one-line verdict."""
+    A wrong answer raises AssertionError with the one-line verdict that explains most (combine)."""
     [(problem, details)] = verdicts(rank_check, [answers], nproc)
     if problem is not None:
         raise AssertionError(problem)
@@ -97,12 +97,13 @@ def combine(ranks, number, output):
             continue
         problem, detail = results[number]
         if problem is not None:
-            problems.append((rank_of(problem, rank), problem or "(no message)"))
+            problems.append((priority(problem, rank), problem or "(no message)"))
         details.append(detail)
     return (min(problems, key=lambda p: p[0])[1] if problems else None), details
 
 
-def rank_of(problem, rank):
+def priority(problem, rank):
+    """0 first: see combine."""
     if problem.startswith(f"rank {rank}: {HUNG}"):
         return 0
     if SAME_COLLECTIVES in problem:
@@ -115,7 +116,9 @@ def how_it_ended(output, rank):
     ended = re.search(rf"^\s*rank\s*:\s*{rank} \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", output, re.M)
     if ended:
         code = int(ended[1])
-        return f": killed by {signal.Signals(-code).name}" if code < 0 else f": exit code {code}"
+        if code >= 0:
+            return f": exit code {code}"
+        return f": killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f": signal {-code}"
     return f"; the run ended with: {last_error(output)}"
 
 
