@@ -27,10 +27,24 @@ def not_wrapped(model):
     return model  # each rank trains on its own images alone
 
 
+def stem_left_training(model):
+    for stage in (model.layer1, model.layer2, model.layer3):
+        stage.requires_grad_(False)  # conv1 and bn1, before layer1, still train
+    return DDP(model)
+
+
+def head_frozen(model):
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = name.startswith("layer4.")
+    return DDP(model)
+
+
 MISTAKES = [
     ({"wrap_for_finetune": frozen_after_wrapping}, "freeze before you wrap: DDP fixes the parameters it averages "
                                                    "when it is built"),
     ({"wrap_for_finetune": nothing_frozen}, "the whole model's gradients"),
     ({"wrap_for_finetune": only_the_head}, "the head's alone: layer4 must train too"),
     ({"wrap_for_finetune": not_wrapped}, "the ranks' weights differ after a step"),
+    ({"wrap_for_finetune": stem_left_training}, "conv1.weight requires grad, but only layer4 and fc should train"),
+    ({"wrap_for_finetune": head_frozen}, "fc.weight is frozen, but every parameter of layer4 and fc should train"),
 ]

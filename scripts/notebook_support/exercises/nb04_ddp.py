@@ -3,6 +3,8 @@ against those it built, and the participant's save and load of a DDP run, run in
 learner may skip this module.
 """
 import copy
+import functools
+import os
 import time
 
 import torch
@@ -48,16 +50,24 @@ def check_predict_buckets(predict_buckets, observed):
 
 
 # ---------------------------------------------------------------- exercise 3: save and load, in 2 processes
-# The check watches the participant's torch.save, torch.load and dist.barrier through wrappers, in each process:
-# - rank 0's torch.save first waits until every other rank has gone as far as it can without the file: to a
-#   barrier rank 0 has not reached yet, or to torch.load. A missing barrier then always shows as a read before the
-#   file was written, whatever the timing;
-# - dist.barrier is a barrier of marker files in `work`, not a collective: a rank that misses one is named instead
-#   of pairing with the next collective, so no wrong answer leaves the process group out of step;
+# The check watches the participant's torch.save, torch.load, and the barriers and collectives of torch.distributed
+# through wrappers, in each process:
+# - rank 0's torch.save first creates the file, empty, as the real one's open() does, then waits until every other
+#   rank has gone as far as it can without the file: to a barrier or collective rank 0 has not reached yet, or to
+#   torch.load. A missing barrier then always shows as a read before the file was written, whatever the timing, also
+#   for a rank that polls for the file instead;
+# - every barrier or collective first meets the other ranks at marker files in `work`: a rank that misses one, or
+#   calls another one there, is named instead of pairing with the next collective, so no wrong answer leaves the
+#   process group out of step. dist.barrier is the markers alone; a collective then runs for real;
 # - the other ranks' torch.save records the call but writes nothing, so two writers never share the file.
 # After the participant's code, one all_gather_object shares what each rank saw, and every rank gives one verdict.
 
 MARKER_WAIT_SECONDS = 20  # for a rank that never comes; less than the process group's timeout (in_processes)
+READ_WAIT_SECONDS = 5  # after a write no rank waited for: how long a rank that polls for the file has to read it
+BARRIERS = ("barrier", "monitored_barrier")  # the markers alone
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "broadcast_object_list", "gather", "gather_object", "scatter", "scatter_object_list")
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")  # each rank's own call, paired with another kind of the four
 
 
 class ReadBeforeWritten(Exception):
@@ -65,7 +75,7 @@ class ReadBeforeWritten(Exception):
 
 
 class MissedBarrier(Exception):
-    """A rank waited at dist.barrier() for a rank that finished without calling it as often."""
+    """A rank waited at a barrier or collective for a rank that finished without calling it, or called another."""
 
 
 def save_and_load_in_rank(answer, work):
@@ -108,7 +118,7 @@ def save_and_load_in_rank(answer, work):
     dist.all_gather_object(seen, watch.seen)  # the one collective after the participant's code, on every rank
     problem = save_and_load_problem(seen)
     if problem:
-        raise AssertionError(problem)
+        raise in_processes.Wrong(problem)
     return {"tensors": len(trained[0]), "moments": sorted(next(iter(trained[1]["state"].values())))}
 
 
@@ -123,6 +133,8 @@ def save_and_load_problem(seen):
     no_map = [rank for rank, s in enumerate(seen) if s["no_map_location"]]
     barrier = next((s["barrier"] for s in seen if s["barrier"]), None)
     error = next((s["error"] for s in seen if s["error"]), None)
+    model = [rank for rank, s in enumerate(seen) if not s["model"]]
+    optimizer = [rank for rank, s in enumerate(seen) if not s["optimizer"]]
     if savers not in ([], [0]):
         return (f"{'every rank' if len(savers) == len(seen) else f'rank(s) {savers}'} called torch.save: the ranks "
                 "hold the same weights, so rank 0 alone should write the file while the others wait")
@@ -141,12 +153,18 @@ def save_and_load_problem(seen):
     if no_map:
         return (f"rank {no_map[0]} called torch.load without map_location: on GPUs each tensor loads back onto the "
                 "device it was saved from, cuda:0 on every rank; give it this rank's device")
-    if not all(s["model"] for s in seen):
-        return "after `load`, the model's weights are not the trained ones: load the saved state_dict into `model`"
-    if not all(s["optimizer"] for s in seen):
-        return ("after `load`, the optimizer's state (Adam's moving averages and step count) is not the trained "
-                "one: save the optimizer's state_dict too, and load it into `optimizer`")
+    if model:
+        return (f"after `load`, rank {model[0]}'s model does not hold the trained weights: on every rank, load the "
+                "saved state_dict into `model`")
+    if optimizer:
+        return (f"after `load`, rank {optimizer[0]}'s optimizer state (Adam's moving averages and step count) is not "
+                "the trained one: save the optimizer's state_dict too, and load it into `optimizer` on every rank")
     return None
+
+
+def sync_kind(name):
+    """What two ranks' calls must agree on to meet: a barrier, a point-to-point pair, or the same collective."""
+    return "barrier" if name in BARRIERS else "send/recv" if name in POINT_TO_POINT else name
 
 
 class Watch:
@@ -155,17 +173,24 @@ class Watch:
     def __init__(self, work, rank, world):
         self.markers, self.rank, self.world = work / "markers", rank, world
         self.markers.mkdir(exist_ok=True)
-        self.barriers = 0  # how many times this rank called dist.barrier
+        self.syncs = 0  # how many barriers and collectives this rank has called
         self.seen = {"saved": False, "prefixed": False, "read_early": False, "no_map_location": False,
                      "barrier": None}
-        self.real = {"save": torch.save, "load": torch.load, "barrier": dist.barrier}
+        self.real = {"save": torch.save, "load": torch.load}
 
     def wrappers(self):
-        """What replaces torch.save, torch.load and dist.barrier while the participant's code runs."""
-        return {(torch, "save"): self.save, (torch, "load"): self.load, (dist, "barrier"): self.barrier}
+        """What replaces torch.save, torch.load, and the barriers and collectives while the participant's code
+        runs."""
+        wrappers = {(torch, "save"): self.save, (torch, "load"): self.load}
+        for name in BARRIERS + COLLECTIVES + POINT_TO_POINT:
+            wrappers[(dist, name)] = functools.partial(self.sync, name, getattr(dist, name))
+        return wrappers
 
-    def mark(self, name):
-        (self.markers / name).touch()
+    def mark(self, name, text=""):
+        """A marker file, written whole before it appears under its name."""
+        partial = self.markers / f".{name}.partial"
+        partial.write_text(text)
+        os.replace(partial, self.markers / name)
 
     def marked(self, name):
         return (self.markers / name).exists()
@@ -176,10 +201,18 @@ class Watch:
         if self.rank != 0:
             return None  # recorded; the file stays rank 0's
         if not self.marked("saved"):  # the first save: wait until the others can go no further without the file
-            for other in range(1, self.world):
-                self.wait_for(lambda o=other: self.marked(f"barrier-{o}-{self.barriers + 1}")
-                              or self.marked(f"load-{o}") or self.marked(f"done-{o}"))
-        self.real["save"](obj, f, *args, **kwargs)
+            if isinstance(f, (str, os.PathLike)):
+                open(f, "wb").close()  # as the real torch.save's open(): from here on the file is there, empty
+            others = range(1, self.world)
+            came = [self.wait_for(lambda o=other: self.marked(f"sync-{o}-{self.syncs + 1}")
+                                  or self.marked(f"load-{o}") or self.marked(f"done-{o}")) for other in others]
+            self.real["save"](obj, f, *args, **kwargs)
+            if not all(came):  # a rank went on by another way: one that polls for the file reads it now, too early
+                for other in others:
+                    self.wait_for(lambda o=other: self.marked(f"load-{o}") or self.marked(f"done-{o}"),
+                                  READ_WAIT_SECONDS)
+        else:
+            self.real["save"](obj, f, *args, **kwargs)
         self.mark("saved")
         return None
 
@@ -192,23 +225,31 @@ class Watch:
             self.seen["no_map_location"] = True
         return self.real["load"](f, *args, **kwargs)
 
-    def barrier(self, *args, **kwargs):
-        self.barriers += 1
-        self.mark(f"barrier-{self.rank}-{self.barriers}")
+    def sync(self, name, real, *args, **kwargs):
+        """dist.<name>: leave this rank's marker, and go on once every other rank has left its own for the same
+        call; a collective then runs for real, a barrier has done its work."""
+        self.syncs += 1
+        self.mark(f"sync-{self.rank}-{self.syncs}", name)
         for other in range(self.world):
-            if other != self.rank:
-                arrived = self.wait_for(lambda o=other: self.marked(f"barrier-{o}-{self.barriers}")
-                                        or self.marked(f"done-{o}"))
-                if not (arrived and self.marked(f"barrier-{other}-{self.barriers}")):
-                    raise MissedBarrier(
-                        f"rank {self.rank} waited at dist.barrier() for rank {other}, which never reached it: "
-                        "a barrier works only when every rank calls it, as often")
+            if other == self.rank:
+                continue
+            theirs = self.markers / f"sync-{other}-{self.syncs}"
+            self.wait_for(lambda o=other, t=theirs: t.exists() or self.marked(f"done-{o}"))
+            if not theirs.exists():
+                raise MissedBarrier(
+                    f"rank {self.rank} waited at dist.{name}() for rank {other}, which never reached it: a barrier "
+                    "works only when every rank calls it, as often")
+            if sync_kind(theirs.read_text()) != sync_kind(name):
+                raise MissedBarrier(
+                    f"rank {self.rank} called dist.{name}() where rank {other} called dist.{theirs.read_text()}(): "
+                    "every rank calls the same barriers and collectives, in the same order")
+        return None if name in BARRIERS else real(*args, **kwargs)
 
     @staticmethod
-    def wait_for(condition):
-        """Poll ``condition`` until it holds (True) or MARKER_WAIT_SECONDS pass (False): a rank that never comes
-        costs that long, never a wrong verdict for one that does."""
-        deadline = time.monotonic() + MARKER_WAIT_SECONDS
+    def wait_for(condition, seconds=MARKER_WAIT_SECONDS):
+        """Poll ``condition`` until it holds (True) or ``seconds`` pass (False): a rank that never comes costs that
+        long, never a wrong verdict for one that does."""
+        deadline = time.monotonic() + seconds
         while not condition():
             if time.monotonic() > deadline:
                 return False

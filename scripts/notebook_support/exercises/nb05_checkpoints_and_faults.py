@@ -20,67 +20,130 @@ def resume_dataset():
     return TensorDataset(images, images % 10)  # each label follows from its image
 
 
-def epoch_batches(epoch, rank, skip_images=0):
+def epoch_batches(epoch, rank, skip_images=0, seed=0, shuffle=True, drop_last=False, loader_drop_last=False):
     """The images of this rank's batches in one epoch of the uninterrupted run (DistributedSampler's defaults,
-    set_epoch(epoch)), from the sampler's indices alone; ``skip_images``: that many indices left out first."""
-    sampler = DistributedSampler(range(RESUME_IMAGES), num_replicas=dist.get_world_size(), rank=rank)
+    set_epoch(epoch)), from the sampler's indices alone; ``skip_images``: that many indices left out first. The
+    other arguments: those of a run that differs, for the hints."""
+    sampler = DistributedSampler(range(RESUME_IMAGES), num_replicas=dist.get_world_size(), rank=rank, seed=seed,
+                                 shuffle=shuffle, drop_last=drop_last)
     sampler.set_epoch(epoch)
     indices = list(sampler)[skip_images:]
-    return [indices[start:start + RESUME_BATCH] for start in range(0, len(indices), RESUME_BATCH)]
+    batches = [indices[start:start + RESUME_BATCH] for start in range(0, len(indices), RESUME_BATCH)]
+    return [batch for batch in batches if len(batch) == RESUME_BATCH] if loader_drop_last else batches
+
+
+SAMPLER_SEEDS = range(200)  # the seed + epoch values a shuffled order is looked for among, for the hints
 
 
 def resume_epoch_in_rank(answer, work):
     """In each of 2 processes: the participant's resume_epoch at several positions; the batches it hands to
     train_step must be those the uninterrupted run trains after that position. The ways they can come out
-    otherwise name the mistake."""
+    otherwise name the mistake. The ranks then share what went wrong, so that a hint can compare them (a seed
+    per rank), and give the same verdict."""
     rank = dist.get_rank()
-    trained = 0
-    for epoch, done in RESUME_POSITIONS:
-        got = []
-        answer.resume_epoch(resume_dataset(), RESUME_BATCH, epoch, done,
-                            lambda images, labels: got.append((images.tolist(), labels.tolist())))
-        expected = epoch_batches(epoch, rank)[done:]
-        images = [batch for batch, _ in got]
-        where = f"rank {rank}, epoch {epoch} with {done} batches done"
-        if images != expected:
-            raise AssertionError(f"{where}: {resume_mistake(images, expected, epoch, done, rank)}")
-        if any(labels != [image % 10 for image in batch] for batch, labels in got):
-            raise AssertionError(f"{where}: train_step got labels that are not its images' labels: pass "
-                                 "train_step(images, labels) as the DataLoader gives them")
-        trained += len(got)
+    trained, outcome = 0, {"problem": None, "offset": 0}  # offset: seed + epoch of its shuffled order, minus epoch
+    try:
+        for epoch, done in RESUME_POSITIONS:
+            got = []
+            answer.resume_epoch(resume_dataset(), RESUME_BATCH, epoch, done,
+                                lambda images, labels: got.append((images.tolist(), labels.tolist())))
+            problem, offset = position_problem(got, epoch, done, rank)
+            if problem:
+                outcome = {"problem": f"rank {rank}, epoch {epoch} with {done} batches done: {problem}",
+                           "offset": offset}
+                break
+            trained += len(got)
+    except Exception as raised:  # noqa: BLE001 (said in one line, as the worker would, once the ranks have shared)
+        outcome = {"problem": f"rank {rank}: your code raised {type(raised).__name__}: "
+                              + (str(raised).strip().splitlines() or [""])[0], "offset": None}
+    outcomes = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome)  # the one collective, after the participant's code, on every rank
+    problem = resume_problem(outcomes)
+    if problem:
+        raise in_processes.Wrong(problem)
     return {"positions": len(RESUME_POSITIONS), "batches": trained,
             "per_epoch": len(epoch_batches(0, rank)), "world_size": dist.get_world_size()}
 
 
+def position_problem(got, epoch, done, rank):
+    """(What is wrong with the batches handed to train_step at one position, or None; the offset of the shuffled
+    order they follow, when that is what is wrong)."""
+    expected = epoch_batches(epoch, rank)[done:]
+    images = [batch for batch, _ in got]
+    if images == expected:
+        if any(labels != [image % 10 for image in batch] for batch, labels in got):
+            return ("train_step got labels that are not its images' labels: pass train_step(images, labels) as "
+                    "the DataLoader gives them"), None
+        return None, 0
+    if [labels for _, labels in got] == expected:
+        return "train_step got (labels, images): the order is train_step(images, labels)", None
+    return resume_mistake(images, expected, epoch, done, rank)
+
+
 def resume_mistake(images, expected, epoch, done, rank):
     """The hint for batches that differ from the uninterrupted run's: the usual mistake they match, or the first
-    batch that differs."""
-    share = sum(len(batch) for batch in epoch_batches(epoch, rank))  # this rank's images in an epoch
+    batch that differs; and the offset of the shuffled order they follow, if that is the mistake."""
+    whole = epoch_batches(epoch, rank)
+    share = sum(len(batch) for batch in whole)  # this rank's images in an epoch
     seen = {image for batch in images for image in batch}
     if epoch > 0 and images == epoch_batches(0, rank)[done:]:
         return ("these batches come in epoch 0's order: call the sampler's set_epoch(epoch) before the loop, "
-                "as the uninterrupted run did each epoch")
-    if done > 0 and images == epoch_batches(epoch, rank):
+                "as the uninterrupted run did each epoch"), None
+    if done > 0 and images == whole:
         return (f"the {done} batches trained before the stop are trained again: skip the first batches_done "
-                "batches of the epoch")
+                "batches of the epoch"), None
+    skipped = next((number for number in range(len(whole) + 1) if images == whole[number:]), None)
+    if skipped is not None:
+        return (f"you skipped {skipped} batch{'es' * (skipped != 1)}; the checkpoint records {done} as trained: "
+                "skip exactly batches_done batches"), None
+    if done > 0 and images == whole[:-done]:
+        return (f"you left out the epoch's last {done} batches: the first batches_done batches are the ones "
+                "trained before the stop"), None
     if done > 0 and images == epoch_batches(epoch, rank, skip_images=done):
         return (f"you skipped {done} images, not {done} batches: a batch holds batch_size images, so skip "
-                "batches_done * batch_size indices, or batches_done batches of the DataLoader")
+                "batches_done * batch_size indices, or batches_done batches of the DataLoader"), None
     if len(seen) > share:
-        return (f"this rank trained on {len(seen)} different images, more than its share of {share}: each rank "
-                "trains on the whole data set. Draw the indices from DistributedSampler(dataset), not "
-                "shuffle=True or a RandomSampler")
+        whose = "the whole data set" if len(seen) == RESUME_IMAGES else "other ranks' images too"
+        return (f"this rank trained on {len(seen)} different images, more than its share of {share}, so this rank "
+                f"trains on {whose}. Draw the indices from DistributedSampler(dataset), not shuffle=True or a "
+                "RandomSampler"), None
     others = [other for other in range(dist.get_world_size()) if other != rank]
     if any(images == epoch_batches(epoch, other)[done:] for other in others):
         return ("these are another rank's batches: let DistributedSampler(dataset) take the rank and the number of "
-                "ranks from the process group")
+                "ranks from the process group"), None
+    if images == epoch_batches(epoch, rank, shuffle=False)[done:]:
+        return ("these batches come in the data set's order: the uninterrupted run's DistributedSampler shuffled "
+                "(shuffle=True, its default), in a new order each epoch"), None
+    if images == epoch_batches(epoch, rank, loader_drop_last=True)[done:]:
+        return (f"the epoch's last batch, of {len(whole[-1])} images, is missing: the uninterrupted run's "
+                "DataLoader kept it (drop_last=False, its default)"), None
+    if images == epoch_batches(epoch, rank, drop_last=True)[done:]:
+        return ("the sampler left out the images that do not divide evenly among the ranks (drop_last=True): the "
+                "uninterrupted run's DistributedSampler repeated some instead (drop_last=False, its default)"), None
+    order = next((k for k in SAMPLER_SEEDS if images == epoch_batches(k, rank)[done:]), None)
+    if order is not None:
+        return (f"these batches come in the order of seed + epoch = {order}, not {epoch}: DistributedSampler "
+                "shuffles with seed + epoch, and the uninterrupted run kept the default seed, 0, and called "
+                "set_epoch(epoch) with the epoch as given"), order - epoch
     if len(images) != len(expected):
         return (f"train_step got {len(images)} batches; the uninterrupted run had {len(expected)} left in this "
-                "epoch")
+                "epoch"), None
     first = next(number for number, (mine, theirs) in enumerate(zip(images, expected)) if mine != theirs)
     return (f"the epoch's batch {done + first} (from 0) holds images {images[first]}; the uninterrupted run's held "
             f"{expected[first]}: the uninterrupted run used DistributedSampler(dataset) with its defaults, "
-            "set_epoch(epoch) and DataLoader(dataset, batch_size, sampler=...)")
+            "set_epoch(epoch) and DataLoader(dataset, batch_size, sampler=...)"), None
+
+
+def resume_problem(outcomes):
+    """The verdict, from every rank's outcome (the same on every rank): the first rank's problem, unless the ranks'
+    shuffled orders differ by a seed of their own."""
+    first = next((outcome["problem"] for outcome in outcomes if outcome["problem"]), None)
+    offsets = [outcome["offset"] for outcome in outcomes]
+    if first and None not in offsets and len(set(offsets)) > 1:
+        seeds = ", ".join(f"rank {rank} as with seed={offset}" for rank, offset in enumerate(offsets))
+        return (f"the ranks shuffle with different seeds ({seeds}): DistributedSampler needs the same seed on "
+                "every rank (its default, 0), or the ranks' shares overlap and miss images")
+    return first
 
 
 @exercise(1, answers=("resume_epoch",), rank_check=resume_epoch_in_rank)

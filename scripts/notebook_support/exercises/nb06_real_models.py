@@ -71,8 +71,8 @@ def finetune_wrap_in_rank(answer, work):
     head = sum(size for name, size in sizes.items() if name.startswith("fc."))
     wrapped = answer.wrap_for_finetune(model)
     if not isinstance(wrapped, torch.nn.Module):
-        raise AssertionError(f"rank {rank}: wrap_for_finetune returned a {type(wrapped).__name__}: return the model "
-                             "wrapped in DistributedDataParallel")
+        raise in_processes.Wrong(f"rank {rank}: wrap_for_finetune returned a {type(wrapped).__name__}: return the "
+                                 "model wrapped in DistributedDataParallel")
     sent = []  # the gradient bytes DDP all-reduced, per step
 
     def count_then_average(state, bucket):
@@ -84,7 +84,7 @@ def finetune_wrap_in_rank(answer, work):
     module = wrapped.module if isinstance(wrapped, DDP) else wrapped
     trained = [parameter for parameter in wrapped.parameters() if parameter.requires_grad]
     if not trained:
-        raise AssertionError(f"rank {rank}: no parameter requires grad: layer4 and fc must train")
+        raise in_processes.Wrong(f"rank {rank}: no parameter requires grad: layer4 and fc must train")
     optimizer = torch.optim.SGD(trained, lr=0.1)
     generator = torch.Generator().manual_seed(1 + rank)
     failure = None
@@ -102,11 +102,12 @@ def finetune_wrap_in_rank(answer, work):
     if failure:
         step, message = failure
         if REDUCTION_UNFINISHED in message:
-            raise AssertionError(f'rank {rank}: training step {step} raised "{REDUCTION_UNFINISHED} before starting '
-                                 'a new one": freeze before you wrap: DDP fixes the parameters it averages when it '
-                                 'is built, then waits each step for a gradient of every one of them')
-        raise AssertionError(f"rank {rank}: training step {step} of the returned model raised RuntimeError: "
-                             f"{message[:200]}")
+            raise in_processes.Wrong(f'rank {rank}: training step {step} raised "{REDUCTION_UNFINISHED} before '
+                                     'starting a new one": freeze before you wrap: DDP fixes the parameters it '
+                                     'averages when it is built, then waits each step for a gradient of every one '
+                                     'of them')
+        raise in_processes.Wrong(f"rank {rank}: training step {step} of the returned model raised RuntimeError: "
+                                 f"{message[:200]}")
     weights = {name: parameter.detach() for name, parameter in module.named_parameters()}
     trains = torch.cat([weights[name].flatten() for name in sizes if name.startswith(FINETUNE_TRAINS)]).double()
     fingerprint = torch.stack([trains.sum(), trains.square().sum(), trains.abs().max()])  # equal weights: equal prints
@@ -115,28 +116,37 @@ def finetune_wrap_in_rank(answer, work):
     if not all(torch.equal(other, ranks[0]) for other in ranks):
         hint = ("return the model wrapped in DistributedDataParallel, which averages the gradients"
                 if not isinstance(wrapped, DDP) else "DDP should have kept them equal")
-        raise AssertionError(f"rank {rank}: the ranks' weights differ after a step: {hint}")
+        raise in_processes.Wrong(f"rank {rank}: the ranks' weights differ after a step: {hint}")
     for got in sent:
         if got != expected:
             whole = sum(sizes.values())
             hint = {whole: "the whole model's gradients: set requires_grad = False on every parameter outside "
                            "layer4 and fc, before you wrap",
-                    head: "the head's alone: layer4 must train too"}.get(got, "exactly layer4's and fc's "
-                                                                         "parameters must require grad")
-            raise AssertionError(f"rank {rank}: DDP all-reduced {got:,} bytes of gradients a step against "
-                                 f"{expected:,} for layer4 and fc: {hint}")
+                    head: "the head's alone: layer4 must train too"}.get(got) or wrong_flag(module)
+            raise in_processes.Wrong(f"rank {rank}: DDP all-reduced {got:,} bytes of gradients a step against "
+                                     f"{expected:,} for layer4 and fc: {hint}")
     changed = [name for name in sizes if not name.startswith(FINETUNE_TRAINS)
                and not torch.equal(weights[name], before[name])]
     if changed:
-        raise AssertionError(f"rank {rank}: {changed[0]} changed in training: every parameter outside layer4 and fc "
-                             "must stay frozen")
+        raise in_processes.Wrong(f"rank {rank}: {changed[0]} changed in training: every parameter outside layer4 "
+                                 "and fc must stay frozen")
     for prefix in FINETUNE_TRAINS:
         if all(torch.equal(weights[name], before[name]) for name in sizes if name.startswith(prefix)):
-            raise AssertionError(f"rank {rank}: {prefix.rstrip('.')} did not change in {FINETUNE_STEPS} steps: "
-                                 "it must train")
+            raise in_processes.Wrong(f"rank {rank}: {prefix.rstrip('.')} did not change in {FINETUNE_STEPS} steps: "
+                                     "it must train")
     return {"bytes": expected, "whole": sum(sizes.values()), "head": head,
             "trained": sum(weights[name].numel() for name in sizes if name.startswith(FINETUNE_TRAINS)),
             "parameters": sum(weight.numel() for weight in weights.values())}
+
+
+def wrong_flag(module):
+    """The first parameter, in the model's order, whose requires_grad is not the recipe's, named."""
+    for name, parameter in module.named_parameters():
+        if parameter.requires_grad and not name.startswith(FINETUNE_TRAINS):
+            return f"{name} requires grad, but only layer4 and fc should train"
+        if not parameter.requires_grad and name.startswith(FINETUNE_TRAINS):
+            return f"{name} is frozen, but every parameter of layer4 and fc should train"
+    return "exactly layer4's and fc's parameters must require grad, when you wrap"
 
 
 @functools.cache
