@@ -1,5 +1,5 @@
 """Notebook 01, exercise 1: the sorted indices of the test images a model gets wrong, on every rank (11 test images,
-2 ranks: 3 wrong in rank 0's evaluation shard, 1 in rank 1's)."""
+2 ranks: 3 wrong in rank 0's evaluation shard, 1 in rank 1's; each image scored on one rank)."""
 import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
@@ -26,6 +26,16 @@ def padded(model, test_set):
 
 def padded_shuffled(model, test_set):
     return gathered(wrong_among(model, test_set, list(DistributedSampler(test_set))))  # shuffle=True, seed 0
+
+
+def padded_deduplicated(model, test_set):
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, wrong_among(model, test_set, list(DistributedSampler(test_set, shuffle=False))))
+    return sorted({index for wrong_on_a_rank in everyone for index in wrong_on_a_rank})  # image 0 scored twice
+
+
+def dropped_last(model, test_set):
+    return gathered(wrong_among(model, test_set, list(DistributedSampler(test_set, shuffle=False, drop_last=True))))
 
 
 def not_gathered(model, test_set):
@@ -59,6 +69,8 @@ def unsorted(model, test_set):
 MISTAKES = [
     ({"misclassified": padded}, "DistributedSampler pads"),
     ({"misclassified": padded_shuffled}, "DistributedSampler pads"),
+    ({"misclassified": padded_deduplicated}, "image 0 scored on both ranks: DistributedSampler pads"),
+    ({"misclassified": dropped_last}, "index 10 is missing: no rank scored it"),
     ({"misclassified": not_gathered}, "all_gather_object"),
     ({"misclassified": shard_positions}, "positions within the ranks' shards"),
     ({"misclassified": all_gather_uneven}, "all_gather_object, or pad to the largest"),

@@ -48,10 +48,19 @@ def the_ddp_way(model, optimizer):
     optimizer.step()  # right weights on every rank, but every rank updates: not DataParallel's route
 
 
+def broadcast_on_rank0_only(model, optimizer):
+    reduce_and_step(model, optimizer)
+    if dist.get_rank() == 0:
+        for parameter in model.parameters():
+            dist.broadcast(parameter, src=0)  # rank 1 never calls it: it returns with its old weights
+
+
 MISTAKES = [
     ({"step_through_rank0": no_broadcast}, "keeps its old weights"),
     ({"step_through_rank0": broadcast_before_step}, "after rank 0's optimizer.step()"),
     ({"step_through_rank0": no_division}, "divide the summed gradients by the world size"),
     ({"step_through_rank0": every_rank_steps_alone}, "rank 0 alone updates and sends the weights"),
     ({"step_through_rank0": the_ddp_way}, "rank 0 alone updates and sends the weights"),
+    # Last: rank 0 is left in broadcasts that rank 1 never joins; they fail when rank 1's process ends.
+    ({"step_through_rank0": broadcast_on_rank0_only}, "keeps its old weights"),
 ]

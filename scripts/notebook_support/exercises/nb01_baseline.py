@@ -28,7 +28,7 @@ def check_padding(repeated, test_images=10_000, world_sizes=range(1, 9)):
 # ---------------------------------------------------------------- exercise 1: the misclassified images, in 2 processes
 
 TEST_IMAGES = 11  # odd: a padded DistributedSampler repeats one image (index 0 unshuffled, 10 shuffled with seed 0)
-WRONG = [0, 3, 6, 10]  # the images the check's model gets wrong: 3 in rank 0's evaluation shard, 1 in rank 1's
+WRONG = [0, 3, 6, 10]  # the images the check's model gets wrong: 3 at even indices, 1 at an odd one
 REPEATED = (0, 10)  # the image DistributedSampler(shuffle=False), then with its default shuffle, adds to rank 1
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")  # collectives that need one shape per rank
 
@@ -47,22 +47,24 @@ def misclassified_case():
 
 
 def misclassified_in_rank(answer, work):
-    """In each of 2 processes: the participant's misclassified() on the tiny case; every rank must get WRONG. The
-    other ways it can come out name the mistake."""
+    """In each of 2 processes: the participant's misclassified() on the tiny case; every rank must get WRONG, and
+    each test image must be scored on one rank only. The other ways it can come out name the mistake."""
     rank = dist.get_rank()
     assert dist.get_world_size() == 2, "this check runs in 2 processes"
     model, test_set = misclassified_case()
-    scored = [0]  # images this rank's model scored
-    model.register_forward_hook(lambda module, inputs, output: scored.__setitem__(
-        0, scored[0] + (output.shape[0] if output.dim() > 1 else 1)))
+    scored = set()  # the test images this rank's model was given, found by matching the input rows to them
+    model.register_forward_hook(lambda module, inputs, output: scored.update(images_in(inputs, test_set)))
     with in_processes.replaced(answer, one_shape_per_rank()):
         got = answer.misclassified(model, test_set)
+    everyone = [None] * dist.get_world_size()  # the images each rank scored: one collective, after the answer's
+    dist.all_gather_object(everyone, sorted(scored))
     try:
         got = [int(index) for index in got]
     except (TypeError, ValueError):
         raise in_processes.Wrong(f"rank {rank}: misclassified returned {type(got).__name__}: return a list of "
-                             "indices, on every rank") from None
-    own = [index for index in WRONG if index % 2 == rank]  # this rank's evaluation shard: every other image
+                                 "indices, on every rank") from None
+    never = sorted(set(range(TEST_IMAGES)) - set(everyone[0]) - set(everyone[1])) if all(everyone) else []
+    shard = [index for index in WRONG if index % 2 == rank]  # this rank's wrong images with data.evaluation_shard
     positions = {0: [index // 2 for index in WRONG if index % 2 == 0], 1: [index // 2 for index in WRONG if index % 2]}
     mistakes = [
         *((sorted(WRONG + [index]), f"index {index} is in the list twice: DistributedSampler pads the shards by "
@@ -70,12 +72,17 @@ def misclassified_in_rank(answer, work):
                                     "padding)") for index in REPEATED),
         (sorted(WRONG * 2), "every wrong image is in the list twice: each rank scored the whole test set; score "
                             "only this rank's share (data.evaluation_shard), then gather"),
-        (own, "these are only this rank's wrong images: gather every rank's (e.g. dist.all_gather_object) and "
-              "return them all, on every rank"),
+        (sorted(set(WRONG) & set(everyone[rank])) if everyone[rank] else shard,
+         "these are only this rank's wrong images: gather every rank's (e.g. dist.all_gather_object) and return "
+         "them all, on every rank"),
         (sorted(positions[0] + positions[1]), "these are positions within the ranks' shards: return indices in "
                                               "the whole test set (a Subset's .indices maps one to the other)"),
         (positions[rank], "these are positions within this rank's shard, and only its own: return indices in the "
                           "whole test set, gathered from every rank"),
+        (sorted(set(WRONG) - set(never)), f"index {', '.join(map(str, never))} is missing: no rank scored it. "
+                                          "DistributedSampler(drop_last=True) drops the tail of the data set to "
+                                          "even the shards; score data.evaluation_shard (every world_size-th "
+                                          "image, no padding, none dropped)"),
     ]
     if got != WRONG:
         hint = next((hint for value, hint in mistakes if got == value),
@@ -83,10 +90,28 @@ def misclassified_in_rank(answer, work):
                     f"{got} is not the sorted list of the test images the model gets wrong (indices in the whole "
                     "test set, each once)")
         raise in_processes.Wrong(f"rank {rank}: {hint}")
-    if scored[0] >= TEST_IMAGES:
-        raise in_processes.Wrong(f"rank {rank}: right list, but this rank scored all {TEST_IMAGES} test images: score "
-                             "only its share (data.evaluation_shard) and gather the others' results")
-    return {"wrong": got, "scored": scored[0], "wrong_here": len(own)}
+    if len(scored) == TEST_IMAGES:
+        raise in_processes.Wrong(f"rank {rank}: right list, but this rank scored all {TEST_IMAGES} test images: "
+                                 "score only its share (data.evaluation_shard) and gather the others' results")
+    twice = sorted(set(everyone[0]) & set(everyone[1]))
+    if twice:
+        where = (f"image {twice[0]} scored on both ranks: DistributedSampler pads the shards by repeating images "
+                 "(dropping the repeat from the list hides it here, but an accuracy would count it twice)"
+                 if len(twice) == 1 and twice[0] in REPEATED else
+                 f"images {twice} scored on both ranks: give each image to one rank")
+        raise in_processes.Wrong(f"rank {rank}: right list, but {where}; score data.evaluation_shard (every "
+                                 "world_size-th image, no padding)")
+    return {"wrong": got, "scored": everyone}
+
+
+def images_in(inputs, test_set):
+    """The indices of the test images among the rows of the model's input (none if it is not a tensor of them)."""
+    images = test_set.tensors[0].flatten(start_dim=1)
+    if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].numel() % images.shape[1]:
+        return []
+    rows = inputs[0].detach().reshape(-1, images.shape[1]).to(images.dtype)
+    same = (rows[:, None, :] - images[None]).abs().amax(dim=2) <= 1e-6
+    return same.any(dim=0).nonzero().flatten().tolist()
 
 
 def one_shape_per_rank():
@@ -115,8 +140,10 @@ def shape_guard(name, original):
 @exercise(1, answers=("misclassified",), rank_check=misclassified_in_rank)
 def check_misclassified(misclassified):
     detail = in_processes.run_check(misclassified_in_rank, misclassified=misclassified)
-    return (f"in 2 processes, the model gets {len(detail['wrong'])} of {TEST_IMAGES} test images wrong, "
-            f"{detail['wrong_here']} of them in rank 0's share and {len(detail['wrong']) - detail['wrong_here']} in "
-            f"rank 1's, and every rank returned {detail['wrong']}. Lists of different lengths travel with "
-            "all_gather_object, which gathers their sizes first and pads them to the largest; with gloo, "
-            "dist.all_gather needs one shape on every rank.")
+    scored = detail["scored"]
+    shares = (", ".join(f"rank {rank} scored {len(images)} images, {len(set(images) & set(WRONG))} of them wrong"
+                        for rank, images in enumerate(scored)) + "; " if all(scored) else "")
+    return (f"in 2 processes, the model gets {len(detail['wrong'])} of {TEST_IMAGES} test images wrong: {shares}"
+            f"every rank returned {detail['wrong']}. Lists of different lengths travel with all_gather_object, "
+            "which gathers their sizes first and pads them to the largest; with gloo, dist.all_gather needs one "
+            "shape on every rank.")

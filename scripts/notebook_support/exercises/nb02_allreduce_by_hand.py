@@ -64,12 +64,20 @@ def uneven_average_in_rank(answer, work):
         (n_a * a + n_b * b, "this is the weighted sum: divide it by the number of images of all ranks together"),
         ((n_a * a + n_b * b) / UNEVEN_SHARDS[rank], "divided by this rank's images only: all_reduce the image "
                                                     "count too, and divide by the total"),
+        ((n_a * a + n_b * b) / (UNEVEN_SHARDS[rank] * len(UNEVEN_SHARDS)),
+         "divided by this rank's images times the world size, which is the total only when every rank has as many "
+         "images: all_reduce the image count, and divide by the total"),
+        ((n_a * a + n_b * b) / len(UNEVEN_SHARDS), "this is the weighted sum divided by the world size: divide it by "
+                                                   "the number of images of all ranks together (all_reduce the "
+                                                   "image count)"),
         ((a, b)[rank], "this rank's gradient is unchanged: all_reduce the gradients, in place"),
+        (torch.zeros_like(whole), "the gradients are all zero: a weight computed with // (integer division) is 0 "
+                                  "here; divide with /"),
     ]
     if not close(got, whole):
         hint = next((hint for value, hint in mistakes if close(got, value)), "this is not the whole batch's gradient")
-        raise in_processes.Wrong(f"rank {rank}: {hint} "
-                             f"(largest difference from the whole batch's gradient: {(got - whole).abs().max():.1e})")
+        raise in_processes.Wrong(f"rank {rank}: {hint} (largest difference from the whole batch's gradient: "
+                                 f"{(got - whole).abs().max():.1e})")
     return {"weighted": (got - whole).abs().max().item(), "plain": ((a + b) / 2 - whole).abs().max().item()}
 
 

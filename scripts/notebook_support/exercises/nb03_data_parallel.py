@@ -146,10 +146,18 @@ def watched_collectives(calls):
 def check_through_rank0(step_through_rank0):
     detail = in_processes.run_check(through_rank0_in_rank, step_through_rank0=step_through_rank0)
     mb = {name: detail[name] / 1e6 for name in ("model_bytes", *WATCHED)}
+    if mb["reduce"]:
+        gradients = f"each rank handed {mb['reduce']:.1f} MB of gradients to reduce"
+    elif mb["all_reduce"]:
+        gradients = (f"each rank all-reduced {mb['all_reduce']:.1f} MB of gradients, which gave every rank the sum "
+                     "where this route needs it on rank 0 only (dist.reduce)")
+    else:
+        gradients = "the gradients reached rank 0 by calls this check does not count"
+    weights = (f"each rank handed {mb['broadcast']:.1f} MB of weights to broadcast" if mb["broadcast"] else
+               "the weights went out by calls this check does not count (it counts dist.broadcast)")
     return (f"in 2 processes with {HALF} of {2 * HALF} images each, every rank holds the weights of one process's "
             f"SGD step on all {2 * HALF} (largest difference {detail['difference']:.1e}), and rank 0 alone "
-            f"stepped. Each step, each rank handed {mb['reduce']:.1f} MB of gradients to reduce and "
-            f"{mb['broadcast']:.1f} MB of weights to broadcast: the Net is {mb['model_bytes']:.1f} MB. That is "
-            "DataParallel's route: gradients summed on GPU 0, one update there while the other GPUs wait, the "
-            "weights copied out again. DDP all-reduces the gradients into their mean on every process and each "
-            "process steps itself: the weights travel once, when DDP wraps the model (notebook 04).")
+            f"stepped. Each step, {gradients}; {weights}. The Net is {mb['model_bytes']:.1f} MB. DataParallel "
+            "takes this route: gradients summed on GPU 0, one update there while the other GPUs wait, the weights "
+            "copied out again. DDP all-reduces the gradients into their mean on every process and each process "
+            "steps itself: the weights travel once, when DDP wraps the model (notebook 04).")
