@@ -36,6 +36,12 @@ def no_map_location(model, optimizer, path, device):
     optimizer.load_state_dict(state["optimizer"])
 
 
+def unsafe_load(model, optimizer, path, device):
+    state = torch.load(path, map_location=device, weights_only=False)  # the unpickler may run any code
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
 def wrapper_state(ddp_model, optimizer, path):
     if dist.get_rank() == 0:
         torch.save({"model": ddp_model.state_dict(), "optimizer": optimizer.state_dict()}, path)  # 'module.' keys
@@ -82,4 +88,5 @@ MISTAKES = [
     ({"save": barrier_on_rank_0_only, "load": load}, "reached torch.load before rank 0 had written the file"),
     ({"save": polls_for_the_file, "load": load}, "rank 1 reached torch.load before rank 0 had written the file"),
     ({"save": save, "load": load_on_rank_0}, "rank 1's model does not hold the trained weights"),
+    ({"save": save, "load": unsafe_load}, "weights_only=False"),
 ]

@@ -93,7 +93,17 @@ def swapped(dataset, batch_size, epoch, batches_done, train_step):
         train_step(labels, images)
 
 
+def samples_not_tensors(dataset, batch_size, epoch, batches_done, train_step):
+    sampler = DistributedSampler(dataset)
+    sampler.set_epoch(epoch)
+    indices = list(sampler)[batches_done * batch_size:]
+    for start in range(0, len(indices), batch_size):
+        batch = [dataset[i] for i in indices[start:start + batch_size]]
+        train_step([image for image, _ in batch], [label for _, label in batch])  # lists, not a batch's tensors
+
+
 MISTAKES = [
+    ({"resume_epoch": samples_not_tensors}, "give it the two tensors of a batch"),
     ({"resume_epoch": no_set_epoch}, "epoch 0's order"),
     ({"resume_epoch": no_skipping}, "trained again"),
     ({"resume_epoch": skipped_images}, "images, not"),

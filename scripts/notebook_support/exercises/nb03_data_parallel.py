@@ -70,15 +70,16 @@ def through_rank0_in_rank(answer, work):
     got = flat(model.parameters())
     names = [name for name, _ in calls]
     if not close(got, whole):
+        difference = (got - whole).abs().max()
         raise in_processes.Wrong(f"rank {rank}: {wrong_weights_hint(rank, got, before, a, b, names)} (largest "
-                             f"difference from one process's step on the whole batch: {(got - whole).abs().max():.1e})")
+                                 f"difference from one process's step on the whole batch: {difference:.1e})")
     steps = names.count("step")
     if rank != 0 and steps:
         raise in_processes.Wrong(f"rank {rank} called optimizer.step(): on this route rank 0 alone updates and sends "
-                             "the weights (all_reduce, then a step on every rank, is DDP's way: notebook 04)")
+                                 "the weights (all_reduce, then a step on every rank, is DDP's way: notebook 04)")
     if rank == 0 and steps != 1:
         raise in_processes.Wrong(f"rank 0 called optimizer.step() {steps} times: once, after the reduce"
-                             if steps else "rank 0 never called optimizer.step(): let its optimizer take the step")
+                                 if steps else "rank 0 never called optimizer.step(): let its optimizer take the step")
     moved = {name: sum(size for called, size in calls if called == name) for name in WATCHED}
     return {"difference": (got - whole).abs().max().item(), "model_bytes": 4 * before.numel(), **moved}
 

@@ -153,6 +153,10 @@ def save_and_load_problem(seen):
     if no_map:
         return (f"rank {no_map[0]} called torch.load without map_location: on GPUs each tensor loads back onto the "
                 "device it was saved from, cuda:0 on every rank; give it this rank's device")
+    unsafe = [rank for rank, s in enumerate(seen) if s["unsafe_load"]]
+    if unsafe:
+        return (f"rank {unsafe[0]} called torch.load with weights_only=False, which lets the file run code as it "
+                "loads: a checkpoint of tensors and plain types needs no more than weights_only=True, the default")
     if model:
         return (f"after `load`, rank {model[0]}'s model does not hold the trained weights: on every rank, load the "
                 "saved state_dict into `model`")
@@ -175,7 +179,7 @@ class Watch:
         self.markers.mkdir(exist_ok=True)
         self.syncs = 0  # how many barriers and collectives this rank has called
         self.seen = {"saved": False, "prefixed": False, "read_early": False, "no_map_location": False,
-                     "barrier": None}
+                     "unsafe_load": False, "barrier": None}
         self.real = {"save": torch.save, "load": torch.load}
 
     def wrappers(self):
@@ -223,6 +227,8 @@ class Watch:
             raise ReadBeforeWritten
         if (args[0] if args else kwargs.get("map_location")) is None:
             self.seen["no_map_location"] = True
+        if kwargs.get("weights_only") is False:
+            self.seen["unsafe_load"] = True
         return self.real["load"](f, *args, **kwargs)
 
     def sync(self, name, real, *args, **kwargs):

@@ -35,6 +35,16 @@ def epoch_batches(epoch, rank, skip_images=0, seed=0, shuffle=True, drop_last=Fa
 SAMPLER_SEEDS = range(200)  # the seed + epoch values a shuffled order is looked for among, for the hints
 
 
+def recorder(got):
+    """The train_step the check hands the participant: it records each batch, as lists of images and labels."""
+    def train_step(images, labels):
+        if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
+            raise in_processes.Wrong(f"train_step got {type(images).__name__} and {type(labels).__name__}: give it "
+                                     "the two tensors of a batch, as the DataLoader yields them")
+        got.append((images.tolist(), labels.tolist()))
+    return train_step
+
+
 def resume_epoch_in_rank(answer, work):
     """In each of 2 processes: the participant's resume_epoch at several positions; the batches it hands to
     train_step must be those the uninterrupted run trains after that position. The ways they can come out
@@ -45,14 +55,15 @@ def resume_epoch_in_rank(answer, work):
     try:
         for epoch, done in RESUME_POSITIONS:
             got = []
-            answer.resume_epoch(resume_dataset(), RESUME_BATCH, epoch, done,
-                                lambda images, labels: got.append((images.tolist(), labels.tolist())))
+            answer.resume_epoch(resume_dataset(), RESUME_BATCH, epoch, done, recorder(got))
             problem, offset = position_problem(got, epoch, done, rank)
             if problem:
                 outcome = {"problem": f"rank {rank}, epoch {epoch} with {done} batches done: {problem}",
                            "offset": offset}
                 break
             trained += len(got)
+    except in_processes.Wrong as wrong:  # from train_step: what the participant's code handed it
+        outcome = {"problem": f"rank {rank}: {wrong}", "offset": None}
     except Exception as raised:  # noqa: BLE001 (said in one line, as the worker would, once the ranks have shared)
         outcome = {"problem": f"rank {rank}: your code raised {type(raised).__name__}: "
                               + (str(raised).strip().splitlines() or [""])[0], "offset": None}
