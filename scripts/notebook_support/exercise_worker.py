@@ -57,17 +57,30 @@ def raised(error, yours):
 
 def give_up_after(seconds, results, report):
     """End this process if the answer has not returned after ``seconds``, with a verdict that says so: a loop
-    that never ends would otherwise hold the check (and the machine's cores) until the kernel's limit."""
+    that never ends would otherwise hold the check (and the machine's cores) until the kernel's limit. Returns
+    ``finish(outcome)``, which records the answer's own verdict unless the watchdog has already ended it."""
+    lock, state = threading.Lock(), {"done": False}
+
     def give_up():
-        results.append([f"rank {dist.get_rank()}: {HUNG} {seconds:g} s: a loop that never ends, or a wait for "
-                        "something that never comes", None])
-        report(results)
-        os._exit(3)
+        with lock:
+            if state["done"]:
+                return
+            results.append([f"rank {dist.get_rank()}: {HUNG} {seconds:g} s: a loop that never ends, or a wait for "
+                            "something that never comes", None])
+            report(results)
+            os._exit(3)
+
+    def finish(outcome):
+        with lock:
+            state["done"] = True
+            timer.cancel()
+            results.append(outcome)
+            report(results)
 
     timer = threading.Timer(seconds, give_up)
     timer.daemon = True
     timer.start()
-    return timer
+    return finish
 
 
 def main():
@@ -90,11 +103,8 @@ def main():
     for number in range(args.answers):
         work = args.folder / f"work{number}"  # a folder of its own, for the files an answer writes
         work.mkdir(exist_ok=True)
-        watchdog = give_up_after(args.answer_seconds, results, report)
-        outcome = verdict(rank_check, args.folder / f"answer{number}.py", work)
-        watchdog.cancel()
-        results.append(outcome)
-        report(results)
+        finish = give_up_after(args.answer_seconds, results, report)
+        finish(verdict(rank_check, args.folder / f"answer{number}.py", work))
     dist.destroy_process_group()
 
 

@@ -68,6 +68,19 @@ def fastest(tensor, warmup, iterations):
     return seconds.item()
 
 
+def datetime_clock(tensor, warmup, iterations):
+    import datetime
+
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    started = datetime.datetime.now()  # a clock the check does not stand in for
+    for _ in range(iterations):
+        dist.all_reduce(tensor)
+    seconds = torch.tensor((datetime.datetime.now() - started).total_seconds() / iterations)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item()
+
+
 MISTAKES = [
     ({"time_all_reduce": own_rank}, "each rank reports its own mean"),
     ({"time_all_reduce": fastest}, "the fastest rank's mean"),
@@ -75,4 +88,5 @@ MISTAKES = [
     ({"time_all_reduce": mean_of_ranks}, "the mean over the ranks"),
     ({"time_all_reduce": total}, "divide by the iterations"),
     ({"time_all_reduce": warmup_timed}, "the warm-up calls were timed"),
+    ({"time_all_reduce": datetime_clock}, "never read the check's clock"),
 ]

@@ -24,7 +24,7 @@ def timing_in_rank(answer, work):
     """In each of 2 processes: the participant's time_all_reduce on the check's clock. The answer (section 2's,
     nccl-tests' -a 3) is the slowest rank's mean over the timed calls, the same on every rank."""
     rank = dist.get_rank()
-    clock, calls = {"now": 0.0}, []
+    clock, calls = {"now": 0.0, "reads": 0}, []
     real_all_reduce = dist.all_reduce
 
     def all_reduce(*args, **kwargs):
@@ -33,15 +33,18 @@ def timing_in_rank(answer, work):
         return real_all_reduce(*args, **kwargs)
 
     def seconds():
+        clock["reads"] += 1
         return clock["now"]
 
     fake_clocks = {**{(time, name): seconds for name in CLOCKS}, (timeit, "default_timer"): seconds,
-                   **{(time, f"{name}_ns"): (lambda: round(clock["now"] * 1e9)) for name in CLOCKS}}
+                   **{(time, f"{name}_ns"): (lambda: round(seconds() * 1e9)) for name in CLOCKS}}
     with in_processes.replaced(answer, {**fake_clocks, (dist, "all_reduce"): all_reduce}):
         got = float(answer.time_all_reduce(torch.ones(2**18), WARMUP, ITERATIONS))
     both = [None, None]
     dist.all_gather_object(both, got)  # the check's one collective, after the participant's code
-    hint = timing_mistake(both, len(calls))
+    hint = timing_mistake(both, len(calls)) if clock["reads"] else (
+        "your code never read the check's clock, which stands in for time.perf_counter, time.time and "
+        "time.monotonic: time the calls with one of them")
     if hint:
         raise in_processes.Wrong(f"rank 0 returned {both[0] * 1e3:.3f} ms and rank 1 {both[1] * 1e3:.3f} ms: {hint}")
     return got
@@ -75,9 +78,9 @@ def check_all_reduce_timing(time_all_reduce):
     seconds = in_processes.run_check(timing_in_rank, time_all_reduce=time_all_reduce)
     return (f"{seconds * 1e3:.0f} ms on every rank: on the check's artificial clock rank 0's calls took "
             f"{CALL_SECONDS[0] * 1e3:.0f} ms, rank 1's {CALL_SECONDS[1] * 1e3:.0f} ms, and each rank's first call "
-            f"{FIRST_CALL_SECONDS * 1e3:.0f} ms more. On a real machine every rank leaves a blocking collective "
-            "together, and the ranks' times differ by when each one entered it: the largest, that of the rank "
-            "which entered first, covers the whole collective. benchmarks/allreduce_bandwidth.py reports it, as "
+            f"{FIRST_CALL_SECONDS * 1e3:.0f} ms more. On a real machine the ranks leave a blocking collective at "
+            "about the same time, and their times differ by when each one entered it: the largest, that of the "
+            "rank which entered first, covers the whole collective. benchmarks/allreduce_bandwidth.py reports it, as "
             "nccl-tests does with -a 3 (its default, -a 1, is the mean over ranks). On GPUs, call "
             "torch.cuda.synchronize() before reading the clock: an NCCL call returns before the GPU has done the "
             "work.")
