@@ -10,10 +10,8 @@ import datetime
 import importlib
 import json
 import os
-import re
 import sys
 import threading
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's packages
@@ -24,12 +22,11 @@ import torch.distributed as dist  # noqa: E402
 from notebook_support.exercises.in_processes import (  # noqa: E402
     ANSWER_SECONDS,
     HUNG,
-    LEFT,
-    SAME_COLLECTIVES,
     TIMEOUT_SECONDS,
-    WAITED,
     Wrong,
+    frames_of_the_answer,
     load_answer,
+    raised_line,
 )
 
 
@@ -38,21 +35,9 @@ def verdict(rank_check, answer_path, work):
     try:
         return [None, rank_check(load_answer(answer_path), work)]
     except Exception as error:  # noqa: BLE001 (the participant's code may raise anything: say what, in one line)
-        yours = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(answer_path)]
-        if isinstance(error, Wrong) or (isinstance(error, AssertionError) and not yours):
+        if isinstance(error, Wrong) or (isinstance(error, AssertionError) and not frames_of_the_answer(error)):
             return [str(error), None]  # the check's verdict
-        return [raised(error, yours), None]
-
-
-def raised(error, yours):
-    """'rank 1: your code raised RuntimeError at `dist.all_gather(out, t)`: ...', the message's first line."""
-    where = f" at `{yours[-1].line}`" if yours and yours[-1].line else ""
-    message = (str(error).strip().splitlines() or [""])[0]
-    if re.search(r"[Tt]imed out", message):  # gloo: a collective that another rank never joined
-        message = WAITED.format(seconds=TIMEOUT_SECONDS) + SAME_COLLECTIVES
-    elif re.search(r"Connection (closed|reset) by peer", message):  # gloo: the other rank left it
-        message = LEFT + SAME_COLLECTIVES
-    return f"rank {dist.get_rank()}: your code raised {type(error).__name__}{where}: {message}"
+        return [raised_line(error, dist.get_rank()), None]
 
 
 def give_up_after(seconds, results, report):

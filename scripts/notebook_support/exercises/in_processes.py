@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import textwrap
+import traceback
 import types
 from pathlib import Path
 
@@ -254,9 +255,31 @@ def replaced(answer, replacements):
             namespace[name] = original
 
 
+ANSWER_FILES = set()  # in a worker process: the answer files loaded, to tell the participant's frames from the check's
+
+
 def load_answer(path):
     """The answer module written by ``module_source``, as a namespace."""
     namespace = {"__name__": "answer"}
     source = Path(path).read_text()
+    ANSWER_FILES.add(str(path))
     exec(compile(source, str(path), "exec"), namespace)
     return types.SimpleNamespace(**namespace)
+
+
+def frames_of_the_answer(error):
+    """The frames of ``error``'s traceback that are the participant's code."""
+    return [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename in ANSWER_FILES]
+
+
+def raised_line(error, rank):
+    """'rank 1: your code raised RuntimeError at `dist.all_gather(out, t)`: ...', the message's first line; gloo's
+    errors of a collective that another rank never called, or left, said in words."""
+    yours = frames_of_the_answer(error)
+    where = f" at `{yours[-1].line}`" if yours and yours[-1].line else ""
+    message = (str(error).strip().splitlines() or [""])[0]
+    if re.search(r"[Tt]imed out", message):
+        message = WAITED.format(seconds=TIMEOUT_SECONDS) + SAME_COLLECTIVES
+    elif re.search(r"Connection (closed|reset) by peer", message):
+        message = LEFT + SAME_COLLECTIVES
+    return f"rank {rank}: your code raised {type(error).__name__}{where}: {message}"

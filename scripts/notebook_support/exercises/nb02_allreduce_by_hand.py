@@ -4,12 +4,12 @@ a learner may skip this module.
 """
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
 from lesson import models
 
 from . import in_processes
+from .gradients import close, flat_gradient
 from .registry import exercise
 
 SHARD_CASES = [(4000, 2, 0, 1), (4000, 2, 0, 2), (1000, 3, 7, 5), (10, 4, 0, 0)]  # n, world size, seed, epoch
@@ -50,10 +50,10 @@ def uneven_average_in_rank(answer, work):
     assert dist.get_world_size() == len(UNEVEN_SHARDS), "this check runs in 2 processes"
     model, images, labels = uneven_batch()
     bounds = [(0, UNEVEN_SHARDS[0]), (UNEVEN_SHARDS[0], sum(UNEVEN_SHARDS))]
-    a, b = (gradient(model, images[start:end], labels[start:end]) for start, end in bounds)
-    whole = gradient(model, images, labels)
+    a, b = (flat_gradient(model, images[start:end], labels[start:end]) for start, end in bounds)
+    whole = flat_gradient(model, images, labels)
     start, end = bounds[rank]
-    gradient(model, images[start:end], labels[start:end])  # this rank's backward, as in training
+    flat_gradient(model, images[start:end], labels[start:end])  # this rank's backward, as in training
     answer.average_gradients(model, UNEVEN_SHARDS[rank])
     got = torch.cat([p.grad.flatten() for p in model.parameters()])
     n_a, n_b = UNEVEN_SHARDS
@@ -86,16 +86,6 @@ def uneven_batch():
     torch.manual_seed(0)
     return models.Net(dropout=False), torch.randn(sum(UNEVEN_SHARDS), 1, 28, 28, generator=generator), \
         torch.randint(10, (sum(UNEVEN_SHARDS),), generator=generator)
-
-
-def gradient(model, images, labels):
-    model.zero_grad()
-    F.cross_entropy(model(images), labels).backward()  # the mean loss over these images
-    return torch.cat([p.grad.flatten() for p in model.parameters()])
-
-
-def close(got, expected):
-    return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
 @exercise(3, answers=("average_gradients",), rank_check=uneven_average_in_rank)

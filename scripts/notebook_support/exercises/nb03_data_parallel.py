@@ -7,11 +7,11 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lesson import models
 
 from . import in_processes
+from .gradients import close, flat_gradient
 from .registry import exercise
 
 
@@ -56,10 +56,10 @@ def through_rank0_in_rank(answer, work):
     assert dist.get_world_size() == 2, "this check runs in 2 processes"
     model, images, labels = half_batches()
     before = flat(model.parameters())
-    a, b = (gradient(model, images[i * HALF:(i + 1) * HALF], labels[i * HALF:(i + 1) * HALF]) for i in range(2))
+    a, b = (flat_gradient(model, images[i * HALF:(i + 1) * HALF], labels[i * HALF:(i + 1) * HALF]) for i in range(2))
     whole = step_on_whole_batch(model, images, labels)  # the reference: one process, all 16 images
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    gradient(model, images[rank * HALF:(rank + 1) * HALF], labels[rank * HALF:(rank + 1) * HALF])  # this rank's
+    flat_gradient(model, images[rank * HALF:(rank + 1) * HALF], labels[rank * HALF:(rank + 1) * HALF])  # this rank's
     calls = []  # ("step", 0) or (collective, bytes), in the order this rank made them
     hook = optimizer.register_step_post_hook(lambda *_: calls.append(("step", 0)))
     try:
@@ -110,26 +110,16 @@ def half_batches():
         torch.randint(10, (2 * HALF,), generator=generator)
 
 
-def gradient(model, images, labels):
-    model.zero_grad()
-    F.cross_entropy(model(images), labels).backward()  # the mean loss over these images
-    return flat(p.grad for p in model.parameters())
-
-
 def step_on_whole_batch(model, images, labels):
     reference = copy.deepcopy(model)
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
-    gradient(reference, images, labels)
+    flat_gradient(reference, images, labels)
     optimizer.step()
     return flat(reference.parameters())
 
 
 def flat(tensors):
     return torch.cat([t.detach().flatten() for t in tensors])
-
-
-def close(got, expected):
-    return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
 def watched_collectives(calls):

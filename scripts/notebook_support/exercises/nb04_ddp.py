@@ -107,8 +107,7 @@ def save_and_load_in_rank(answer, work):
         except MissedBarrier as missed:
             watch.seen["barrier"] = str(missed)
         except Exception as raised:  # noqa: BLE001 (said in one line, as the worker would, after the ranks agree)
-            error = f"rank {rank}: your code raised {type(raised).__name__}: " + \
-                (str(raised).strip().splitlines() or [""])[0]
+            error = in_processes.raised_line(raised, rank)
         finally:
             watch.mark(f"done-{rank}")
     watch.seen["error"] = error

@@ -65,8 +65,7 @@ def resume_epoch_in_rank(answer, work):
     except in_processes.Wrong as wrong:  # from train_step: what the participant's code handed it
         outcome = {"problem": f"rank {rank}: {wrong}", "offset": None}
     except Exception as raised:  # noqa: BLE001 (said in one line, as the worker would, once the ranks have shared)
-        outcome = {"problem": f"rank {rank}: your code raised {type(raised).__name__}: "
-                              + (str(raised).strip().splitlines() or [""])[0], "offset": None}
+        outcome = {"problem": in_processes.raised_line(raised, rank), "offset": None}
     outcomes = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, outcome)  # the one collective, after the participant's code, on every rank
     problem = resume_problem(outcomes)

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lesson import models
 
 from . import in_processes
+from .gradients import flat_gradient
 from .registry import exercise
 
 ADAM_BYTES_PER_NUMBER = 8  # exp_avg and exp_avg_sq, float32 each
@@ -284,7 +285,7 @@ def bf16_hook_in_rank(answer, work):
             model.zero_grad(set_to_none=True)
             F.cross_entropy(model(shards[rank][0]), shards[rank][1]).backward()
             got = torch.cat([p.grad.flatten() for p in model.parameters()])
-            steps.append((got, [gradient(reference, *shard) for shard in shards], watch.buckets[before:]))
+            steps.append((got, [flat_gradient(reference, *shard) for shard in shards], watch.buckets[before:]))
     # Every collective is done: from here on each rank judges its own gradients, whatever the other finds.
     for problem in problems:
         if isinstance(problem, _ReadTooEarly):
@@ -338,12 +339,6 @@ def check_average(got, a, b, rank, in_callback):
     worst = ((got - (a + b) / 2).abs() - tolerance).argmax()
     raise in_processes.Wrong(f"rank {rank}: {hint} (e.g. {got[worst]:.3e} where the average is "
                              f"{((a + b) / 2)[worst]:.3e})")
-
-
-def gradient(model, images, labels):
-    model.zero_grad()
-    F.cross_entropy(model(images), labels).backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
 def within(got, expected, tolerance):
