@@ -1,5 +1,5 @@
 """The processes of an exercise's check: notebook_support.exercises.in_processes starts this script under torchrun.
-Notebook support: a learner may skip it.
+Notebook support: a learner may skip this module.
 
 Each process joins a gloo group, then for each answer the kernel wrote (answer0.py, answer1.py, ...) runs the
 exercise's rank check on it and writes its verdicts so far to rank<R>.json in the folder: a rank that dies leaves
