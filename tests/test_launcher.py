@@ -32,6 +32,11 @@ def no_gpus_here(monkeypatch):
     monkeypatch.setattr(launch, "pbs_job_gpus", lambda job_id, host: None)
 
 
+def torch_sees(monkeypatch, gpus):
+    """A GPU node: torch sees this many GPUs (it honours CUDA_VISIBLE_DEVICES)."""
+    monkeypatch.setattr(launch, "visible_gpus", lambda: gpus)
+
+
 def nodefile(tmp_path, *lines):
     path = tmp_path / "nodefile"
     path.write_text("".join(f"{line}\n" for line in lines))
@@ -45,7 +50,8 @@ def command_for(env, **options):
 
 # ---------------------------------------------------------------- PBS
 
-def test_pbs_two_nodes_second_node(tmp_path):
+def test_pbs_two_nodes_second_node(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 2)
     # PBS lists a host once per chunk or cpu: 8 lines each here, 2 distinct hosts.
     env = {
         "PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile(tmp_path, *["gpu01"] * 8, *["gpu02"] * 8),
@@ -59,7 +65,8 @@ def test_pbs_two_nodes_second_node(tmp_path):
     ]
 
 
-def test_pbs_first_node_hosts_the_rendezvous(tmp_path):
+def test_pbs_first_node_hosts_the_rendezvous(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 4)
     env = {"PBS_JOBID": "4242.pbs01", "PBS_NODEFILE": nodefile(tmp_path, "gpu01", "gpu02"), "PBS_NODENUM": "0",
            "NGPUS": "4"}
     command = command_for(env, port=12345)
@@ -68,7 +75,8 @@ def test_pbs_first_node_hosts_the_rendezvous(tmp_path):
     assert "--nproc-per-node=4" in command
 
 
-def test_pbs_node_rank_from_the_host_name_without_pbs_nodenum(tmp_path):
+def test_pbs_node_rank_from_the_host_name_without_pbs_nodenum(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 1)
     env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, "elsewhere01", socket.gethostname()), "NGPUS": "1"}
     plan = launch.plan_from_env(env)
     assert (plan.node_rank, plan.nnodes) == (1, 2)
@@ -117,7 +125,8 @@ def test_pbs_two_tasks_on_one_host_are_refused(tmp_path):
         launch.plan_from_env({**env, "PBS_TASKNUM": "00000003"})
 
 
-def test_pbs_one_node_is_a_standalone_torchrun(tmp_path):
+def test_pbs_one_node_is_a_standalone_torchrun(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 4)
     env = {"PBS_JOBID": "8.srv", "PBS_NODEFILE": nodefile(tmp_path, *["gpu05"] * 8), "NGPUS": "4", "NCPUS": "32"}
     assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=4", "--max-restarts=3",
                                            SIGNALS, SCRIPT, "--epochs", "1"]
@@ -129,7 +138,8 @@ def test_pbs_cpu_node_one_process_per_cpu_up_to_four(tmp_path, ncpus, expected):
     assert f"--nproc-per-node={expected}" in command_for(env)
 
 
-def test_explicit_nproc_per_node_wins(tmp_path):
+def test_explicit_nproc_per_node_wins(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 4)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "4"}
     assert "--nproc-per-node=1" in command_for(env, nproc_per_node=1)
 
@@ -180,6 +190,7 @@ def test_gpus_from_the_jobs_exec_vnode(exec_vnode, hosts, gpus):
 
 
 def test_gpus_from_the_pbs_jobs_resources(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 2)
     monkeypatch.setattr(launch, "pbs_job_gpus",
                         lambda job_id, host: 2 if (job_id, host) == ("9.srv", "gpu01") else None)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NCPUS": "16"}
@@ -208,6 +219,65 @@ def test_without_a_scheduler_every_gpu_in_view_is_used(monkeypatch):
     assert launch.plan_from_env({}).nproc_per_node == 3
 
 
+# ---------------------------------------------------------------- GPUs granted that torch cannot see
+
+GRANTED_TWO = {"SLURM_JOB_ID": "31", "SLURM_JOB_NODELIST": "gpu01", "SLURM_GPUS_ON_NODE": "2",
+               "SLURM_CPUS_ON_NODE": "8"}
+
+
+@pytest.mark.parametrize("requested", [None, 1])
+def test_granted_gpus_torch_cannot_see_stop_the_job(requested):
+    """Whatever the process count, a job granted GPUs never trains on CPUs unasked."""
+    with pytest.raises(launch.LaunchError, match=(
+            r"^the job was granted 2 GPU\(s\) on gpu01 \(SLURM_GPUS_ON_NODE=2\) but torch sees none: .*"
+            r"A site without GPUs: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh, or submit without the GPU request")):
+        launch.plan_from_env(GRANTED_TWO, nproc_per_node=requested)
+
+
+def test_torch_seeing_fewer_gpus_than_granted_stops_the_job(tmp_path, monkeypatch):
+    torch_sees(monkeypatch, 1)
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "2"}
+    with pytest.raises(launch.LaunchError, match=r"granted 2 GPU\(s\) on gpu01 \(NGPUS=2\) but torch sees 1: "
+                                                 r"check `nvidia-smi`"):
+        launch.plan_from_env(env, nproc_per_node=1)
+
+
+def test_the_site_may_allow_cpus_instead_and_the_job_says_so(tmp_path):
+    env = {**GRANTED_TWO, "COURSE_CPU_FALLBACK": "yes"}
+    plan = launch.plan_from_env(env)
+    assert plan.nproc_per_node == 2 and plan.nproc_source == "one per GPU granted, on CPUs: SLURM_GPUS_ON_NODE=2"
+    assert plan.warnings == ["the job was granted 2 GPU(s) on gpu01 (SLURM_GPUS_ON_NODE=2) but torch sees none: "
+                             "running on CPUs, as COURSE_CPU_FALLBACK=yes in job_scripts/site.sh allows"]
+    assert launch.plan_from_env(env, gpus_per_process=2).nproc_per_node == 1  # the layout the GPUs would have had
+    assert "launch.py: warning: the job was granted 2 GPU(s)" in launch.describe(plan)
+
+
+def test_the_fall_back_switch_takes_yes_or_no():
+    with pytest.raises(launch.LaunchError, match=r"COURSE_CPU_FALLBACK='true': set it to yes or no"):
+        launch.plan_from_env({**GRANTED_TWO, "COURSE_CPU_FALLBACK": "true"})
+
+
+def test_without_a_scheduler_nothing_was_granted():
+    assert launch.plan_from_env({"CUDA_VISIBLE_DEVICES": "0,1"}, nproc_per_node=2).warnings == []
+
+
+@pytest.mark.parametrize("cuda, driver_lists_gpus, cause", [
+    (None, False, r"this torch \(.*\) is a CPU-only build: install a CUDA build"),
+    ("13.0", False, r"this node has no NVIDIA driver loaded \(no .*\): submit to the GPU queue or partition"),
+    ("13.0", True, r"this torch is built for CUDA 13.0 and the node's driver cannot run it"),
+])
+def test_the_stop_names_the_likely_cause(tmp_path, monkeypatch, cuda, driver_lists_gpus, cause):
+    import torch
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    (tmp_path / "gpus").mkdir()
+    if driver_lists_gpus:
+        (tmp_path / "gpus" / "0000:3b:00.0").mkdir()
+    monkeypatch.setattr(launch, "NVIDIA_GPUS", str(tmp_path / "gpus"))
+    assert re.match(cause, launch.why_torch_sees_no_gpu())
+    with pytest.raises(launch.LaunchError, match=cause):
+        launch.plan_from_env(GRANTED_TWO)
+
+
 # ---------------------------------------------------------------- Slurm
 
 SLURM_STEP = {  # what srun --ntasks-per-node=1 sets on the second of two nodes
@@ -217,7 +287,8 @@ SLURM_STEP = {  # what srun --ntasks-per-node=1 sets on the second of two nodes
 }
 
 
-def test_slurm_two_nodes():
+def test_slurm_two_nodes(monkeypatch):
+    torch_sees(monkeypatch, 4)
     port = launch.job_port("777")
     assert command_for(SLURM_STEP) == TORCHRUN + [
         "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=gpu07:{port}",
@@ -233,7 +304,8 @@ def test_slurm_cpu_node():
     assert "--nproc-per-node=3" in command and "--rdzv-conf=is_host=1,join_timeout=300" in command
 
 
-def test_slurm_one_node_in_the_batch_script():
+def test_slurm_one_node_in_the_batch_script(monkeypatch):
+    torch_sees(monkeypatch, 2)
     env = {"SLURM_JOB_ID": "778", "SLURM_JOB_NODELIST": "gpu03", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "2"}
     assert command_for(env) == TORCHRUN + ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3",
                                            SIGNALS, SCRIPT, "--epochs", "1"]
@@ -372,13 +444,15 @@ def test_runs_torchrun_for_real_without_a_scheduler(tmp_path):
 # ---------------------------------------------------------------- DDP with model parallelism: 2 GPUs per process
 
 @pytest.mark.parametrize("gpus, processes", [(4, 2), (2, 1), (5, 2)])
-def test_two_gpus_per_process_starts_half_as_many_processes(tmp_path, gpus, processes):
+def test_two_gpus_per_process_starts_half_as_many_processes(tmp_path, monkeypatch, gpus, processes):
+    torch_sees(monkeypatch, gpus)
     env = {"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": str(gpus)}
     plan = launch.plan_from_env(env, gpus_per_process=2)
     assert plan.nproc_per_node == processes and plan.nproc_source == f"one per 2 GPUs: NGPUS={gpus}"
 
 
-def test_two_gpus_per_process_with_one_gpu_is_a_clear_error():
+def test_two_gpus_per_process_with_one_gpu_is_a_clear_error(monkeypatch):
+    torch_sees(monkeypatch, 1)
     with pytest.raises(launch.LaunchError,
                        match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node has 1"):
         launch.plan_from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "1"},

@@ -24,6 +24,11 @@ needs from what the scheduler granted the job:
                   one process per CPU granted (NCPUS, SLURM_CPUS_ON_NODE), at most 4.
                   --gpus-per-process K (a model that spans K GPUs per process, as in
                   step6_model_parallel.py): one process per K GPUs granted.
+  GPUs unseen     GPUs granted on this node that torch cannot see stop the job here, on
+                  every node, in one line that names the likely cause: never a silent run
+                  on CPUs. A site without GPUs whose jobs still ask for them allows the
+                  fall-back in job_scripts/site.sh (COURSE_CPU_FALLBACK=yes): the same
+                  processes then run on CPUs, and the log says so in one line.
   rendezvous      c10d on the first host, at a port computed from the job id (every node
                   computes the same one; two jobs sharing a node get different ones);
                   rdzv-id = the job id; the first host is told to host the store.
@@ -75,6 +80,12 @@ DEFAULT_JOIN_TIMEOUT = 300
 # which a Slurm job's --signal=USR1@... (without B:) sends to every process of its steps. Without it,
 # SIGUSR1 would end torchrun itself (its default action) and leave its workers behind.
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+# Where the NVIDIA driver lists the GPUs it drives: absent on a node without the driver.
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+# job_scripts/site.sh's switch: "yes" lets a job granted GPUs that torch cannot see run on CPUs.
+CPU_FALLBACK = "COURSE_CPU_FALLBACK"
 
 # How often torchrun restarts a failed worker group (torch's default is 0). A job runs
 # unattended: a worker killed once (the OOM killer, a flaky link, a pre-empted GPU)
@@ -260,12 +271,16 @@ def pbs_node_rank(env, lines, hosts):
 
 # ---------------------------------------------------------------- processes per node
 
+def nvidia_driver_lists_gpus():
+    return os.path.isdir(NVIDIA_GPUS) and bool(os.listdir(NVIDIA_GPUS))
+
+
 def visible_gpus():
     """GPUs torch can see here (it honours CUDA_VISIBLE_DEVICES).
 
     Importing torch takes seconds, so it is skipped where the NVIDIA driver lists no GPU.
     """
-    if not os.path.isdir("/proc/driver/nvidia/gpus") or not os.listdir("/proc/driver/nvidia/gpus"):
+    if not nvidia_driver_lists_gpus():
         return 0
     try:
         import torch
@@ -343,11 +358,55 @@ def cpus_here(env, scheduler):
     return cores, f"{cores} cores"
 
 
+def why_torch_sees_no_gpu():
+    """The likely reason torch sees no GPU on a GPU node, and its fix, in a few words."""
+    try:
+        import torch
+    except ImportError:
+        return "python cannot import torch: check the environment job_scripts/site.sh sets up"
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) is a CPU-only build: install a CUDA build in the job's environment "
+                "(README: Which CUDA build)")
+    if not nvidia_driver_lists_gpus():
+        return ("this node has no NVIDIA driver loaded (no /proc/driver/nvidia/gpus): submit to the GPU queue or "
+                "partition, or load the module your site's GPU nodes need (COURSE_MODULES in job_scripts/site.sh)")
+    return (f"this torch is built for CUDA {torch.version.cuda} and the node's driver cannot run it, likely an older "
+            "driver: install the build that matches `nvidia-smi`'s CUDA version (README: Which CUDA build)")
+
+
+def cpu_fallback_allowed(env):
+    value = env.get(CPU_FALLBACK, "no")
+    if value not in ("yes", "no"):
+        raise LaunchError(f"{CPU_FALLBACK}={value!r}: set it to yes or no in job_scripts/site.sh")
+    return value == "yes"
+
+
+def check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warnings):
+    """Stop where the job was granted GPUs that torch cannot see; the site may allow CPUs instead.
+
+    True when the run goes on on CPUs. A partial view (torch sees some, not all) always stops.
+    """
+    if scheduler == "none" or not granted or seen >= granted:
+        return False
+    what = f"the job was granted {granted} GPU(s) on {host} ({source}) but torch sees"
+    if seen == 0 and cpu_fallback_allowed(env):
+        warnings.append(f"{what} none: running on CPUs, as {CPU_FALLBACK}=yes in job_scripts/site.sh allows")
+        return True
+    cause = why_torch_sees_no_gpu() if seen == 0 else "check `nvidia-smi` and CUDA_VISIBLE_DEVICES on this node"
+    raise LaunchError(f"{what} {seen or 'none'}: {cause}. A site without GPUs: {CPU_FALLBACK}=yes in "
+                      "job_scripts/site.sh, or submit without the GPU request (qsub -l select=1:ncpus=4:mem=8gb ..., "
+                      "sbatch --gres=none ...)")
+
+
 def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_process=1):
-    if requested is not None:
-        return requested, "--nproc-per-node"
     granted, source = granted_gpus(env, scheduler, host)
     seen = visible_gpus()
+    on_cpus = check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warnings)
+    if requested is not None:
+        return requested, "--nproc-per-node"
+    if on_cpus:  # the layout the GPUs would have had, so the job runs as it would on them
+        per_gpus = f"one per {gpus_per_process} GPUs" if gpus_per_process > 1 else "one per GPU"
+        return max(1, granted // gpus_per_process), f"{per_gpus} granted, on CPUs: {source}"
     if gpus_per_process > 1 and (granted or seen):  # a model whose replica spans several GPUs
         gpus = granted or seen
         if gpus < gpus_per_process:
@@ -361,9 +420,6 @@ def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_proce
                 f"GPU isolation (CUDA_VISIBLE_DEVICES) the {granted} process(es) use GPUs 0..{granted - 1}, "
                 "which may be another job's: ask your site how jobs get their own GPUs"
             )
-        elif seen < granted and os.path.isdir("/proc/driver/nvidia"):
-            warnings.append(f"the job was granted {granted} GPU(s) ({source}) but torch sees {seen}: "
-                            "check the driver and the torch build (README: Which CUDA build)")
         return granted, f"one per GPU granted: {source}"
     if seen and scheduler == "none":
         return seen, f"one per GPU torch sees ({seen})"
