@@ -44,15 +44,24 @@
 # export NCCL_IB_DISABLE=1        # no InfiniBand (or a broken one): use TCP instead of hanging at init
 # export NCCL_DEBUG=INFO          # NCCL reports what it picked: the first thing to try on a hang
 
+# A job granted GPUs that torch cannot see (a CPU-only torch, a driver too old for the
+# build, a module not loaded) stops before training, with one line that names the likely
+# cause. "yes" runs it on CPUs instead, with the same processes, and its log says so: for a
+# site (or a test cluster) that grants GPUs it does not have. Never "yes" on GPU nodes.
+: "${COURSE_CPU_FALLBACK=no}"
+export COURSE_CPU_FALLBACK  # read by scripts/tools/launch.py on every node
+
 # For your site, in each job (or on the qsub / sbatch line, which overrides the job):
-# the PBS jobs' #PBS lines ask only for what every PBS knows (select with ncpus and
-# mem, walltime, place), so they run unedited but get no GPU. Each job has its GPU
-# request as a "##PBS" line (PBS ignores it); to use it, replace the #PBS select line
-# with it, naming your site's GPU resource (ngpus, often) and model, if it has one:
-#   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=a100
-#   #PBS -q gpu               a queue, where the default one has no GPUs
+# every job asks for the GPUs its step needs: Slurm --gres=gpu:N; PBS ngpus in the select
+# line, the name most PBS sites give their GPU resource (where qsub answers "Unknown
+# resource: ngpus", use your site's name). Where your site asks for more, add it:
+#   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=a100    a GPU model, if it has them
+#   #PBS -q gpu               a queue, where the default one has no GPUs (Slurm: --partition)
 #   #PBS -A my_project        a project or account to charge, where your site asks for one
-# The same at submission: qsub -l select=1:ncpus=16:mem=32gb:ngpus=2 -q gpu -A my_project JOB
+# A laptop or a site without GPUs overrides the GPU request at submission (a PBS select
+# given on the qsub line replaces the job's whole select):
+#   qsub -l select=1:ncpus=4:mem=8gb job_scripts/04_ddp.pbs
+#   sbatch --gres=none --partition=<a CPU partition> job_scripts/04_ddp.sbatch
 
 # =================================================================================
 

@@ -16,9 +16,20 @@ PBS_JOBS = sorted(JOB_SCRIPTS.glob("*.pbs"))
 SLURM_JOBS = sorted(JOB_SCRIPTS.glob("*.sbatch"))
 SHELL_FILES = sorted(JOB_SCRIPTS.iterdir()) + sorted(STAND_INS.iterdir()) + sorted((REPO / ".ci").glob("*.sh"))
 
-# What every PBS knows: in a select chunk, and as a job-wide -l resource.
+# What every PBS knows: in a select chunk, and as a job-wide -l resource; and ngpus, the GPU resource most PBS
+# sites define (a vanilla PBS does not: CI's defines it, .ci/start_pbs.sh).
 STANDARD_CHUNK = {"ncpus", "mem", "mpiprocs", "ompthreads"}
+GPU_CHUNK = {"ngpus"}
 STANDARD_JOB_WIDE = {"select", "walltime", "place"}
+
+# The GPUs each job asks for, per node, as shipped: what its step needs.
+GPUS_PER_NODE = {
+    "01_baseline": 1, "06_cifar10_baseline": 1,  # one process on one GPU
+    "02_allreduce": 2, "03_data_parallel": 2, "04_ddp": 2, "06_cifar10_ddp": 2,  # two ranks (or DataParallel's 2 GPUs)
+    "04_ddp_2nodes": 2, "06_cifar10_ddp_2nodes": 2, "06_finetune_2nodes": 2, "doctor": 2,  # 2 per node, 2 nodes
+    "06_model_parallel": 2,  # one replica cut over two GPUs
+    "jupyter": 2,  # the notebooks' torchrun cells start 2 processes
+}
 
 
 def names(paths):
@@ -115,22 +126,39 @@ def test_pbs_jobs_ask_only_for_what_every_pbs_has(path):
         assert name in STANDARD_JOB_WIDE, f"{path.name}: -l {resource} is not known to every PBS"
         if name == "select":
             chunk_keys = {part.partition("=")[0] for part in value.split(":")[1:]}
-            assert chunk_keys <= STANDARD_CHUNK, f"{path.name}: {resource} names {chunk_keys - STANDARD_CHUNK}"
-    assert not re.search(r"^#PBS -(q|A)\b", text, re.M), "a queue or project is site-specific: a ##PBS line"
+            assert chunk_keys <= STANDARD_CHUNK | GPU_CHUNK, (
+                f"{path.name}: {resource} names {chunk_keys - STANDARD_CHUNK - GPU_CHUNK}")
+    assert not re.search(r"^#PBS -(q|A)\b", text, re.M), "a queue or project is site-specific: site.sh shows them"
     assert re.search(r"^#PBS -l walltime=\d+:\d\d:\d\d$", text, re.M)
     assert 'cd "${PBS_O_WORKDIR' in text
 
 
-@pytest.mark.parametrize("path", [p for p in PBS_JOBS if "##PBS -l select=" in p.read_text()],
-                         ids=names([p for p in PBS_JOBS if "##PBS -l select=" in p.read_text()]))
-def test_the_gpu_line_asks_for_the_same_cpus_plus_gpus(path):
-    """Swapping the ##PBS select line in for the #PBS one adds GPUs and changes nothing else."""
-    text = path.read_text()
-    plain = next(r for r in resource_lines(text) if r.startswith("select="))
-    gpu = next(r for r in resource_lines(text, "##PBS") if r.startswith("select="))
-    gpu_parts = gpu.split(":")
-    assert [part for part in gpu_parts if not part.startswith(("ngpus=", "gpu_model="))] == plain.split(":")
-    assert any(part.startswith("ngpus=") for part in gpu_parts)
+def pbs_gpus_per_node(text):
+    select = next(r for r in resource_lines(text) if r.startswith("select="))
+    ngpus = re.search(r":ngpus=(\d+)", select)
+    return int(ngpus.group(1)) if ngpus else 0
+
+
+def slurm_gpus_per_node(text):
+    gres = re.search(r"^#SBATCH --gres=gpu:(\d+)$", text, re.M)
+    return int(gres.group(1)) if gres else 0
+
+
+def test_every_job_is_listed_with_the_gpus_it_needs():
+    assert set(GPUS_PER_NODE) == {path.stem for path in PBS_JOBS}
+
+
+@pytest.mark.parametrize("job", sorted(GPUS_PER_NODE))
+def test_every_job_asks_for_the_gpus_its_step_needs_as_shipped(job):
+    """The PBS job and its Slurm twin ask for the same GPUs per node, on their active lines: nothing to uncomment."""
+    pbs, slurm = (JOB_SCRIPTS / f"{job}.pbs").read_text(), (JOB_SCRIPTS / f"{job}.sbatch").read_text()
+    assert (pbs_gpus_per_node(pbs), slurm_gpus_per_node(slurm)) == (GPUS_PER_NODE[job],) * 2
+    assert "##PBS" not in pbs
+
+
+def test_the_gpu_count_readers_can_fail():
+    assert pbs_gpus_per_node("#PBS -l select=1:ncpus=8:mem=16gb\n##PBS -l select=1:ncpus=8:ngpus=1\n") == 0
+    assert slurm_gpus_per_node("#SBATCH --gres=none\n# #SBATCH --gres=gpu:2\n") == 0
 
 
 @pytest.mark.parametrize("job", names(JOB_SCRIPTS.glob("*_2nodes.pbs")))
