@@ -1,4 +1,7 @@
-"""scripts/tools/doctor.py, fed each misconfiguration it recognises, and a placement with none.
+"""scripts/tools/doctor.py, fed each misconfiguration it recognises, what it only notes, and a placement with none.
+
+The diagnoses and notes are read first from reports built here (one per rank, as the ranks gather them): which
+fail the job, which do not.
 
 Made for real wherever this machine can: ranks pinned to one CPU core (the affinity a scheduler's cpuset
 gives a job granted one core), a PBS node file that lists this host twice or lists another host (through
@@ -20,6 +23,7 @@ import torch
 
 from helpers import PYTHON, REPO, SCRIPTS, reserved_port, run_python, script_env
 from kit import launch_checks
+from tools import doctor
 
 DOCTOR = SCRIPTS / "tools" / "doctor.py"
 LAUNCHER = SCRIPTS / "tools" / "launch.py"
@@ -39,12 +43,14 @@ def cores(count):
 def doctor_env(gpus=None, **extra):
     """No scheduler; no GPU, or the stand-in's GPUs of the given compute capabilities ("9.0,7.0")."""
     env = script_env(**extra)
-    for name in [name for name in env if name.startswith(("PBS_", "SLURM_"))] + ["NCPUS", "CUDA_VISIBLE_DEVICES"]:
+    scheduler = ["NCPUS", "NGPUS", "CUDA_VISIBLE_DEVICES", "COURSE_CPU_FALLBACK"]
+    for name in [name for name in env if name.startswith(("PBS_", "SLURM_"))] + scheduler:
         env.pop(name, None)
     if gpus:
         env.update(COURSE_STAND_IN_GPUS=gpus, PYTHONPATH=os.pathsep.join([str(STAND_IN), env.get("PYTHONPATH", "")]))
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra)  # after the clean-up: a test may grant GPUs (CUDA_VISIBLE_DEVICES) or allow the CPU fall-back
     return env
 
 
@@ -72,8 +78,20 @@ def launched_doctor(nodefile_lines, tmp_path, env, on_cores, *launcher_args):
     return run([PYTHON, str(LAUNCHER), "--max-restarts", "0", *launcher_args, str(DOCTOR)], env, on_cores)
 
 
+def printed(output, prefix):
+    return [line.removeprefix(prefix) for line in output.splitlines() if line.startswith(prefix)]
+
+
 def diagnoses(output):
-    return [line.removeprefix("diagnosis: ") for line in output.splitlines() if line.startswith("diagnosis: ")]
+    return printed(output, "diagnosis: ")
+
+
+def notes(output):
+    return printed(output, "note: ")
+
+
+def notes_counted(count):
+    return f" ({count} note{'s' if count > 1 else ''})" if count else ""
 
 
 def assert_diagnosed(done, *starts):
@@ -82,27 +100,134 @@ def assert_diagnosed(done, *starts):
     assert done.returncode != 0, done.stdout
     assert len(found) == len(starts) and all(line.startswith(start) for line, start in zip(found, starts)), (
         f"expected {starts}, got {found}\n{done.stdout}")
-    assert re.search(rf"^doctor: {len(starts)} problem\(s\) found, exit status 1$", done.stdout, re.M), done.stdout
+    verdict = rf"doctor: {len(starts)} problem\(s\) found{re.escape(notes_counted(len(notes(done.stdout))))}"
+    assert re.search(rf"^{verdict}, exit status 1$", done.stdout, re.M), done.stdout
     return found
 
 
-def assert_healthy(done, world_size):
+def assert_healthy(done, world_size, *note_starts):
+    """Exit status 0, no diagnosis, and exactly one note starting with each of ``note_starts``."""
     assert done.returncode == 0, done.stdout
     assert not diagnoses(done.stdout), done.stdout
+    found = notes(done.stdout)
+    assert len(found) == len(note_starts) and all(map(str.startswith, found, note_starts)), (
+        f"expected notes {note_starts}, got {found}\n{done.stdout}")
     assert f"all_reduce with gloo: the sum of ones is {world_size}, the world size" in done.stdout
-    assert re.search(r"^doctor: no problem found$", done.stdout, re.M), done.stdout
+    assert re.search(rf"^doctor: no problem found{re.escape(notes_counted(len(found)))}$", done.stdout, re.M), (
+        done.stdout)
+    return found
+
+
+# ---------------------------------------------------------------- reports built here: what fails, what is noted
+
+GPU_NAME = "Test GPU"
+
+
+def report(rank, host="node-a", local_rank=None, gpus=0, cores=4, granted_gpus=None, granted_from="",
+           cpu_fallback=False, node_rank=0, no_kernels=()):
+    """One rank's report: ``gpus`` GPUs in its view (named by host and index, so two hosts' GPUs differ),
+    ``cores`` CPU cores of its own, the GPUs the scheduler granted on its host."""
+    local_rank = rank if local_rank is None else local_rank
+    seen = [(GPU_NAME, "9.0", f"GPU-{host}-{index}") for index in range(gpus)]
+    return doctor.Report(rank, local_rank, 2, node_rank, host, None, seen, list(no_kernels), list(range(cores)),
+                         cores, "", granted_gpus, granted_from, cpu_fallback, 1, "127.0.0.1 (lo)", None,
+                         "localhost -> 127.0.0.1 via lo")
+
+
+def labels(lines):
+    return [line.split(":")[0] for line in lines]
+
+
+@pytest.mark.parametrize("label, reports, listed", [
+    ("two ranks on one GPU", [report(0, gpus=2, local_rank=0), report(1, gpus=2, local_rank=0, node_rank=1)],
+     ["node-a"]),
+    ("fewer GPUs than ranks", [report(0, gpus=1), report(1, gpus=1)], ["node-a"]),
+    ("GPUs granted but unused", [report(0, gpus=2, granted_gpus=2, granted_from="SLURM_GPUS_ON_NODE=2")], ["node-a"]),
+    ("GPUs granted but unseen", [report(0, granted_gpus=2, granted_from="SLURM_GPUS_ON_NODE=2")], ["node-a"]),
+    ("a host listed twice", [report(0)], ["node-a", "node-a"]),
+    ("a host not granted", [report(0)], ["node-b"]),
+    ("a GPU without kernels", [report(0, gpus=1, no_kernels=[(0, GPU_NAME, "7.0")])], ["node-a"]),
+])
+def test_each_misconfiguration_is_a_diagnosis_and_fails_the_job(label, reports, listed):
+    problems = doctor.diagnose(reports, "PBS_NODEFILE", listed)
+    assert label in labels(problems), problems
+    assert not doctor.notes(reports)
+    assert doctor.verdict(problems, []) == f"doctor: {len(problems)} problem(s) found, exit status 1"
+
+
+def test_one_cpu_core_per_rank_is_a_note_and_the_job_passes():
+    reports = [report(0, cores=2), report(1, cores=2)]
+    assert doctor.diagnose(reports, "PBS_NODEFILE", ["node-a"]) == []
+    assert doctor.notes(reports) == [
+        "one CPU core per rank: node-a runs 2 rank(s) on 2 CPU core(s), which leaves no core for loading data or the "
+        "backend's threads; ask the job for more cores per node (PBS: ncpus in the select line; Slurm: "
+        "--cpus-per-task) or start fewer processes (--nproc-per-node)"]
+    assert doctor.verdict([], doctor.notes(reports)) == "doctor: no problem found (1 note)"
+
+
+def test_the_verdict_counts_problems_and_notes():
+    assert doctor.verdict([], []) == "doctor: no problem found"
+    assert doctor.verdict([], ["a", "b"]) == "doctor: no problem found (2 notes)"
+    assert doctor.verdict(["a", "b"], ["c"]) == "doctor: 2 problem(s) found (1 note), exit status 1"
+
+
+def test_gpus_granted_but_unused_name_the_host_the_grant_and_the_fix():
+    """node-a uses the 1 GPU it was granted; node-b trains on 1 of its 2 (--nproc-per-node 1 on a 2-GPU grant)."""
+    reports = [report(0, gpus=1, granted_gpus=1, granted_from="SLURM_GPUS_ON_NODE=1"),
+               report(1, "node-b", local_rank=0, gpus=2, granted_gpus=2, granted_from="SLURM_GPUS_ON_NODE=2",
+                      node_rank=1)]
+    assert doctor.diagnose(reports) == [
+        "GPUs granted but unused: node-b was granted 2 GPU(s) (SLURM_GPUS_ON_NODE=2) and torch sees 2, but its ranks "
+        "train on only 1 (rank 1); start one process per GPU (drop --nproc-per-node: the launcher then starts one per "
+        "GPU granted) or ask the job for 1 GPU(s) per node"]
+
+
+@pytest.mark.parametrize("why, reports", [
+    ("one process per GPU granted", [report(0, gpus=2, granted_gpus=2), report(1, gpus=2, granted_gpus=2)]),
+    ("nothing says what was granted", [report(0, gpus=2)]),
+    ("no GPU granted", [report(0, gpus=2, granted_gpus=0)]),
+    ("torch sees fewer than granted: the driver, which the launcher warns about", [report(0, gpus=1, granted_gpus=2)]),
+    ("torch sees none: not unused but unseen", [report(0, granted_gpus=2, cpu_fallback=True)]),
+])
+def test_gpus_granted_and_used_or_not_seen_are_not_unused(why, reports):
+    assert "GPUs granted but unused" not in labels(doctor.diagnose(reports)), why
+
+
+def test_gpus_granted_but_unseen_are_a_note_where_the_site_falls_back_to_cpus_and_fail_the_job_elsewhere():
+    """The CI clusters' case: 2 GPUs granted per node (a count only), none that torch sees, one process."""
+    granted = dict(granted_gpus=2, granted_from="ngpus=2 on node-a in the job's exec_vnode (qstat -f)")
+    allowed, refused = [report(0, cpu_fallback=True, **granted)], [report(0, **granted)]
+    what = ("GPUs granted but unseen: node-a was granted 2 GPU(s) (ngpus=2 on node-a in the job's exec_vnode "
+            "(qstat -f)) but torch sees none: ")
+    assert doctor.diagnose(allowed) == []
+    assert doctor.notes(allowed) == [f"{what}running on CPUs (COURSE_CPU_FALLBACK=yes)"]
+    assert doctor.notes(refused) == [] and doctor.diagnose(refused) == [
+        f"{what}check the driver and the torch build (README: Which CUDA build), or let jobs run on CPUs instead: "
+        "COURSE_CPU_FALLBACK=yes in job_scripts/site.sh"]
+
+
+@pytest.mark.parametrize("env, granted", [
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-a", "SLURM_GPUS_ON_NODE": "2"}, (2, "SLURM_GPUS_ON_NODE=2")),
+    ({"PBS_JOBID": "7.pbs", "NGPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, (1, "CUDA_VISIBLE_DEVICES=0")),
+    ({"PBS_JOBID": "7.pbs", "NGPUS": "2"}, (2, "NGPUS=2")),
+    ({}, (None, "")),
+])
+def test_each_rank_reads_its_hosts_grant_as_the_launcher_does(env, granted):
+    assert doctor.gpus_granted_here(env) == granted
 
 
 # ---------------------------------------------------------------- placements the doctor accepts
 
 @pytest.mark.slow
-def test_one_rank_with_two_cores_is_healthy_and_the_table_says_where_it_runs():
-    done = torchrun_doctor(1, doctor_env(), cores(2))
-    assert_healthy(done, world_size=1)
-    assert f"doctor: 1 rank(s) on 1 node(s): {HOST} [0]" in done.stdout
-    row = re.search(rf"^0 +{re.escape(HOST)} +0 +0 +none +'' +2 \(.+\) +1 +\S+ .* -> [\d.]+ via \S+$",
-                    done.stdout, re.M)
-    assert row, done.stdout  # rank, host, node rank, local rank, no GPU, CUDA_VISIBLE_DEVICES='', 2 cores, 1 thread
+def test_the_launchers_layout_on_two_cores_passes_with_a_note_and_the_table_says_where_it_runs():
+    """Two processes on a 2-core CPU machine, as launch.py and make run choose: slow, not wrong."""
+    done = torchrun_doctor(2, doctor_env(), cores(2))
+    found = assert_healthy(done, 2, "one CPU core per rank")
+    assert found[0].startswith(f"one CPU core per rank: {HOST} runs 2 rank(s) on 2 CPU core(s), "), found
+    assert f"doctor: 2 rank(s) on 1 node(s): {HOST} [0-1]" in done.stdout
+    for rank in (0, 1):  # rank, host, node rank, local rank, no GPU, CUDA_VISIBLE_DEVICES='', 2 cores, 1 thread
+        row = rf"^{rank} +{re.escape(HOST)} +0 +{rank} +none +'' +2 \(.+\) +1 +\S+ .* -> [\d.]+ via \S+$"
+        assert re.search(row, done.stdout, re.M), done.stdout
 
 
 @pytest.mark.slow
@@ -115,10 +240,12 @@ def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
 # ---------------------------------------------------------------- each misconfiguration, made for real
 
 @pytest.mark.slow
-def test_two_ranks_on_one_core_are_diagnosed():
-    done = torchrun_doctor(2, doctor_env(), cores(1))
-    found = assert_diagnosed(done, "one CPU core per rank")
-    assert found[0].startswith(f"one CPU core per rank: {HOST} runs 2 rank(s) on 1 CPU core(s), "), found
+def test_gpus_granted_that_torch_cannot_see_are_a_note_where_the_site_falls_back_to_cpus():
+    """CUDA_VISIBLE_DEVICES=0,1 grants 2 GPUs, as the launcher reads it; this machine has none."""
+    done = python_doctor(doctor_env(CUDA_VISIBLE_DEVICES="0,1", COURSE_CPU_FALLBACK="yes"), cores(2))
+    found = assert_healthy(done, 1, "GPUs granted but unseen")
+    assert found[0] == (f"GPUs granted but unseen: {HOST} was granted 2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1) but torch "
+                        "sees none: running on CPUs (COURSE_CPU_FALLBACK=yes)"), found
 
 
 @pytest.mark.slow
@@ -152,19 +279,28 @@ def test_two_torchruns_on_one_host_put_two_ranks_on_one_gpu():
         outputs = [agent.communicate(timeout=RUN_SECONDS)[0] for agent in agents]
     assert all(agent.returncode != 0 for agent in agents), outputs
     done = subprocess.CompletedProcess(commands[0], 1, "".join(outputs))
-    found = assert_diagnosed(done, "two ranks on one GPU", "one CPU core per rank", "a host listed twice")
+    found = assert_diagnosed(done, "two ranks on one GPU", "a host listed twice")
     assert found[0].startswith(f"two ranks on one GPU: ranks 0-1 on {HOST} would all train on Stand-in GPU 9.0 "
                                f"GPU-stand-in-{HOST}-0 (cuda:0, cuda:0): "), found
-    assert found[2].startswith(f"a host listed twice: {HOST} runs the ranks of 2 torchruns (node ranks 0, 1): "), found
+    assert found[1].startswith(f"a host listed twice: {HOST} runs the ranks of 2 torchruns (node ranks 0, 1): "), found
 
 
 @pytest.mark.slow
 def test_a_node_with_fewer_gpus_than_ranks_is_diagnosed():
     done = torchrun_doctor(2, doctor_env(gpus="9.0"), cores(2), "--backend", "gloo")
-    found = assert_diagnosed(done, "fewer GPUs than ranks", "one CPU core per rank")
+    found = assert_diagnosed(done, "fewer GPUs than ranks")
     assert found[0].startswith(f"fewer GPUs than ranks: {HOST} runs 2 ranks but its processes see 1 GPU(s): no "
                                "cuda:LOCAL_RANK for rank 1 (local rank 1); start one process per GPU "
                                "(--nproc-per-node=1)"), found
+
+
+@pytest.mark.slow
+def test_one_process_on_two_gpus_granted_is_diagnosed():
+    """--nproc-per-node 1 on a 2-GPU grant: one (stand-in) GPU trains, the other sits idle."""
+    done = python_doctor(doctor_env(gpus="9.0,9.0", CUDA_VISIBLE_DEVICES="0,1"), cores(2), "--backend", "gloo")
+    found = assert_diagnosed(done, "GPUs granted but unused")
+    assert found[0].startswith(f"GPUs granted but unused: {HOST} was granted 2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1) and "
+                               "torch sees 2, but its ranks train on only 1 (rank 0); "), found
 
 
 @pytest.mark.slow

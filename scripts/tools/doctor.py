@@ -9,21 +9,32 @@ Every rank reports where it runs: host, rank, local rank, node rank (torchrun's 
 sees (CUDA_VISIBLE_DEVICES, names, compute capability) and the one it would train on (cuda:LOCAL_RANK),
 its CPU affinity and threads, the address gloo binds to (GLOO_SOCKET_IFNAME, else the address this
 host's name resolves to; NCCL_SOCKET_IFNAME where set) and how MASTER_ADDR resolves from there. Rank 0
-prints one table of it all, then one line for each misconfiguration it recognises:
+prints one table of it all, then one `diagnosis:` line for each misconfiguration it recognises, which
+breaks a job or wastes what it asked for:
 
   two ranks on one GPU         ranks of one host that would train on the same GPU (NCCL refuses them:
                                "Duplicate GPU detected", src/init.cc of NVIDIA/nccl)
   fewer GPUs than ranks        a rank whose local rank has no GPU on its node (cuda:LOCAL_RANK missing)
-  one CPU core per rank        the cores a node's ranks may use, divided by its ranks, is 1 or less
+  GPUs granted but unused      a host's ranks train on fewer GPUs than the job was granted there, and torch
+                               sees them all (--nproc-per-node 1 on a 2-GPU grant)
+  GPUs granted but unseen      GPUs granted on a host where torch sees none, which the launcher refuses too;
+                               with COURSE_CPU_FALLBACK=yes (job_scripts/site.sh), a note instead
   a host listed twice          the job's host list names a host more than once, or one host runs the
                                ranks of two torchruns (two launchers on one host)
   a host not granted           a rank on a host that is not in the job's PBS_NODEFILE / SLURM_JOB_NODELIST
   a GPU without kernels        a GPU whose compute capability this torch build has no kernels for (the
                                pinned CUDA 13 wheels: no Volta); the line names the CUDA 12 route
 
+and one `note:` line for what only costs speed, or is allowed:
+
+  one CPU core per rank        the cores a node's ranks may use, divided by its ranks, is 1 or less (the
+                               launcher's own layout on CPU nodes of at most 4 cores)
+  GPUs granted but unseen      as above, where the site lets jobs fall back to CPUs
+
 Then one all_reduce (its sum must be the world size) and a short bandwidth probe across the ranks: an
 all_reduce of --probe-mb MiB, timed on the slowest rank, with NCCL when every rank has a GPU of its own and
-gloo otherwise. Exit status 1 when any diagnosis fired (on every rank, so the job fails), 0 otherwise.
+gloo otherwise. Exit status 1 when any diagnosis fired (on every rank, so the job fails), 0 otherwise: notes
+do not change it.
 """
 import argparse
 import datetime
@@ -73,6 +84,9 @@ class Report:
     affinity: list  # the CPU cores this process may run on
     usable_cpus: int  # the same, capped by what the scheduler granted (lesson/process.usable_cpus)
     granted_cpus: str  # "NCPUS=2", "SLURM_CPUS_ON_NODE=8", or ""
+    granted_gpus: int | None  # the job's GPUs on this host (tools/launch.granted_gpus); None: nothing says
+    granted_gpus_from: str  # "SLURM_GPUS_ON_NODE=2", "CUDA_VISIBLE_DEVICES=0,1", ...
+    cpu_fallback: bool  # COURSE_CPU_FALLBACK=yes: the site lets a job granted GPUs it cannot see run on CPUs
     threads: int
     gloo: str  # what gloo binds to
     nccl_ifname: str | None
@@ -156,6 +170,19 @@ def granted_cpus():
     return ""
 
 
+def gpus_granted_here(env=None):
+    """(GPUs the job was granted on this host, where that was read), as the launcher reads them; (None, "")
+    if nothing says. Read on each host: the scheduler's variables differ between nodes."""
+    env = os.environ if env is None else env
+    _, listed = granted_hosts(env)
+    place = launch.place_of_this_host(listed)
+    name = listed[place] if place is not None else socket.gethostname()  # qstat's exec_vnode spells it so
+    try:
+        return launch.granted_gpus(env, launch.detect_scheduler(env), name)
+    except launch.LaunchError as error:
+        return None, f"unreadable ({error})"
+
+
 def this_rank():
     rank, local_rank, world_size, local_world_size = process.process_layout()
     host = socket.gethostname()
@@ -164,8 +191,9 @@ def this_rank():
     master = describe_address(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), interfaces)
     return Report(rank, local_rank, world_size, int(os.environ.get("GROUP_RANK", rank // local_world_size)), host,
                   os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, no_kernels, sorted(os.sched_getaffinity(0)),
-                  process.usable_cpus(), granted_cpus(), torch.get_num_threads(), gloo_binding(host, interfaces),
-                  os.environ.get("NCCL_SOCKET_IFNAME"), master)
+                  process.usable_cpus(), granted_cpus(), *gpus_granted_here(),
+                  os.environ.get("COURSE_CPU_FALLBACK") == "yes", torch.get_num_threads(),
+                  gloo_binding(host, interfaces), os.environ.get("NCCL_SOCKET_IFNAME"), master)
 
 
 def granted_hosts(env=None):
@@ -243,6 +271,48 @@ def missing_gpus(reports):
     return lines
 
 
+def gpu_grant(mine):
+    """(GPUs granted on a host, where that was read, GPUs torch sees there), from the reports of its ranks."""
+    granted = next((r for r in mine if r.granted_gpus is not None), None)
+    seen = max(len(r.gpus) for r in mine)
+    return (granted.granted_gpus, granted.granted_gpus_from, seen) if granted else (None, "", seen)
+
+
+def unused_gpus(reports):
+    lines = []
+    for host, mine in by_host(reports).items():
+        granted, source, seen = gpu_grant(mine)
+        used = len({r.gpu[2] for r in mine if r.gpu})
+        if granted and seen >= granted and used < granted:  # seen < granted: the driver's problem, not the layout's
+            lines.append(f"GPUs granted but unused: {host} was granted {granted} GPU(s) ({source}) and torch sees "
+                         f"{seen}, but its ranks train on only {used} ({ranks_text([r.rank for r in mine])}); start "
+                         "one process per GPU (drop --nproc-per-node: the launcher then starts one per GPU granted) "
+                         f"or ask the job for {used} GPU(s) per node")
+    return lines
+
+
+def granted_unseen(reports):
+    """(what was granted and not seen, whether the site allows a CPU fall-back) for each host granted GPUs where
+    torch sees none."""
+    for host, mine in by_host(reports).items():
+        granted, source, seen = gpu_grant(mine)
+        if granted and not seen:
+            yield (f"GPUs granted but unseen: {host} was granted {granted} GPU(s) ({source}) but torch sees none",
+                   all(r.cpu_fallback for r in mine))
+
+
+def unseen_gpus(reports):
+    """The launcher refuses these too, unless the site allows a CPU fall-back."""
+    return [f"{what}: check the driver and the torch build (README: Which CUDA build), or let jobs run on CPUs "
+            "instead: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh"
+            for what, allowed in granted_unseen(reports) if not allowed]
+
+
+def cpu_fallbacks(reports):
+    return [f"{what}: running on CPUs (COURSE_CPU_FALLBACK=yes)"
+            for what, allowed in granted_unseen(reports) if allowed]
+
+
 def starved_cpus(reports):
     lines = []
     for host, mine in by_host(reports).items():
@@ -303,10 +373,24 @@ def gpus_without_kernels(reports):
 
 
 def diagnose(reports, source=None, listed=()):
-    """One line for each misconfiguration found in the ranks' reports and the job's host list."""
+    """One line for each misconfiguration found in the ranks' reports and the job's host list: each fails the job."""
     listed = list(listed)
-    return (shared_gpus(reports) + missing_gpus(reports) + starved_cpus(reports) + hosts_twice(reports, source, listed)
-            + hosts_not_granted(reports, source, listed) + gpus_without_kernels(reports))
+    return (shared_gpus(reports) + missing_gpus(reports) + unused_gpus(reports) + unseen_gpus(reports)
+            + hosts_twice(reports, source, listed) + hosts_not_granted(reports, source, listed)
+            + gpus_without_kernels(reports))
+
+
+def notes(reports):
+    """One line for each thing that costs speed, or that the site allows: none fails the job."""
+    return starved_cpus(reports) + cpu_fallbacks(reports)
+
+
+def verdict(problems, remarks):
+    """The doctor's last line."""
+    counted = f" ({len(remarks)} note{'s' if len(remarks) > 1 else ''})" if remarks else ""
+    if problems:
+        return f"doctor: {len(problems)} problem(s) found{counted}, exit status 1"
+    return f"doctor: no problem found{counted}"
 
 
 # ---------------------------------------------------------------- the network
@@ -351,7 +435,7 @@ def main(args):
     reports = agreement.gather_from_all_ranks(this_rank())
     me = reports[dist.get_rank()]
     source, listed = granted_hosts()
-    problems = diagnose(reports, source, listed)
+    problems, remarks = diagnose(reports, source, listed), notes(reports)
     nodes = len(by_host(reports))
     if me.rank == 0:
         print(f"doctor: {launch_checks.describe_world([r.host for r in reports])}")
@@ -359,6 +443,8 @@ def main(args):
         print(table(reports))
         for line in problems:
             print(f"diagnosis: {line}")
+        for line in remarks:
+            print(f"note: {line}")
         sys.stdout.flush()
     if args.backend == "nccl" and not gpus_usable(reports, problems):
         raise CourseError("--backend nccl needs a GPU of its own, of an architecture this torch runs, for every rank; "
@@ -377,8 +463,7 @@ def main(args):
               f"{'the world size' if total == me.world_size else f'not the world size {me.world_size}'}")
         print(probe_line(backend, nodes, me.world_size, args, seconds) if me.world_size > 1
               else "probe: one rank, nothing to measure between ranks")
-        print(f"doctor: {len(problems)} problem(s) found, exit status 1" if problems else "doctor: no problem found",
-              flush=True)
+        print(verdict(problems, remarks), flush=True)
     dist.destroy_process_group()
     if problems:
         sys.exit(1)
