@@ -14,6 +14,8 @@
 #   only to 127.0.0.0/8: "pbshead" (10.200.0.1) runs the server, scheduler, comm and a
 #   MoM; "pbsnode2" (10.200.0.2) runs a second MoM. Each has its own host name (UTS
 #   namespace). They share this machine's file system, as cluster nodes share /home.
+# - The GPU resource ngpus, as GPU sites define it, with 4 on each host that do not exist:
+#   the jobs run with their GPU request as shipped (and torch sees no GPU).
 # - A job user, "pbsuser" (PBS refuses jobs from root), with a login shell.
 # - A Python environment every user can read: a virtual environment made from Debian's
 #   /usr/bin/python3 with requirements.txt, in the cache folder. (A Python installed in
@@ -45,6 +47,8 @@ UTS=/run/pbs-uts
 NODE2_CONF=/etc/pbs_node2.conf
 NODE2_HOME=/var/spool/pbs_node2
 JOB_USER=pbsuser
+# GPUs each host advertises: 2 for a job's two ranks per node, twice that so two such jobs share a host.
+GPUS_PER_HOST=4
 JOB_PYTHON=${COURSE_JOB_PYTHON:-/usr/bin/python3}
 # A clean PATH: a pyenv or venv python first on PATH would be picked up by configure.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
@@ -238,11 +242,29 @@ configure_server() {
     # Finished jobs stay visible to qstat -x (the tests read their exit status and record).
     on_head qmgr -c "set server job_history_enable = True"
     for _ in $(seq 60); do
-        (($(on_head pbsnodes -a | grep -c 'state = free') >= 2)) && return 0
+        (($(on_head pbsnodes -a | grep -c 'state = free') >= 2)) && { advertise_gpus; return 0; }
         sleep 1
     done
     on_head pbsnodes -a
     die "the two PBS nodes did not become free; see /var/spool/pbs/mom_logs/ and $NODE2_HOME/mom_logs/"
+}
+
+# GPUs that do not exist, so that the jobs run with their GPU request as shipped: the resource
+# ngpus, as GPU sites define it (a consumable host-level count the scheduler allocates, hence
+# its place in sched_config's resources line), and GPUS_PER_HOST of it on each host. Torch
+# sees none: the tests submit with COURSE_CPU_FALLBACK=yes, or check the job stops without.
+advertise_gpus() {
+    local conf=/var/spool/pbs/sched_priv/sched_config lock=/var/spool/pbs/sched_priv/sched.lock host
+    on_head qmgr -c "list resource ngpus" >/dev/null 2>&1 || on_head qmgr -c "create resource ngpus type=long, flag=nh"
+    if ! grep -qE '^resources:.*\bngpus\b' $conf; then
+        sed -i -E 's/^(resources: ".*)"/\1, ngpus"/' $conf
+        # The scheduler rereads sched_config on SIGHUP.
+        if [[ -s $lock ]]; then kill -HUP "$(cat $lock)" 2>/dev/null || true; fi
+    fi
+    for host in $HEAD $NODE2; do
+        on_head qmgr -c "set node $host resources_available.ngpus = $GPUS_PER_HOST"
+    done
+    say "advertised ngpus=$GPUS_PER_HOST on $HEAD and $NODE2 (no real GPU)"
 }
 
 # ---------------------------------------------------------------- the job user and their Python

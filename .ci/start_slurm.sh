@@ -12,6 +12,8 @@
 #   first node's name as the rendezvous host, so that one must resolve, and Slurm
 #   sorts node names, so the other must sort after it. ("localhost" cannot be a
 #   node name: slurmctld then sees two nodes with one host name and stops.)
+#   Each node advertises 4 GPUs that do not exist (/etc/slurm/gres.conf: empty files as
+#   their devices), so the jobs run with their GPU request as shipped.
 # - starts munged, slurmctld and the two slurmd, and waits until both nodes are idle.
 #
 # Idempotent: what already runs is left running, and a second call only checks.
@@ -19,6 +21,9 @@
 set -euo pipefail
 
 CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
+# GPUs each node advertises (none exist), so that jobs run with their --gres=gpu:N as shipped.
+GPUS_PER_NODE=4
 MARKER="# Written by .ci/start_slurm.sh (data-parallel course CI); safe to delete."
 STATE=/var/lib/slurm-course
 LOGS=/var/log/slurm-course
@@ -97,8 +102,11 @@ MinJobAge=600
 # A requeued job may start again after this many seconds (the default, 120, would make
 # the test of requeueing wait two minutes).
 AuthInfo=cred_expire=10
-NodeName=${NODES[0]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
-NodeName=${NODES[1]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
+# GPUs that do not exist (gres.conf), so jobs are granted their --gres=gpu:N (SLURM_GPUS_ON_NODE,
+# CUDA_VISIBLE_DEVICES) and torch sees no GPU.
+GresTypes=gpu
+NodeName=${NODES[0]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$memory_mb Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$short_host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$memory_mb Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
 PartitionName=course Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 EOF
 )
@@ -112,7 +120,18 @@ pid_alive() {
 daemon_pidfiles=(/run/slurmctld-course.pid)
 for node in "${NODES[@]}"; do daemon_pidfiles+=("/run/slurmd-course-$node.pid"); done
 
-if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]]; then
+# Slurm drops a gpu GRES without device files ("Removing file-less GPU"), so each node's GPUs are
+# empty files standing in for /dev/nvidia0..3. Nothing opens them: with TaskPlugin=task/none, Slurm
+# confines no device; it only counts them and numbers them in CUDA_VISIBLE_DEVICES.
+FAKE_GPU_DIR=$STATE/fake-gpus
+new_gres_conf=$(printf '%s\n' "$MARKER" \
+    "NodeName=${NODES[0]} Name=gpu File=$FAKE_GPU_DIR/nvidia[0-$((GPUS_PER_NODE - 1))]" \
+    "NodeName=${NODES[1]} Name=gpu File=$FAKE_GPU_DIR/nvidia[0-$((GPUS_PER_NODE - 1))]")
+mkdir -p "$FAKE_GPU_DIR"
+for ((gpu = 0; gpu < GPUS_PER_NODE; gpu++)); do touch "$FAKE_GPU_DIR/nvidia$gpu"; done
+
+if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]] ||
+    [[ ! -e $GRES_CONF ]] || [[ "$(cat "$GRES_CONF")" != "$new_gres_conf" ]]; then
     [[ $(id -u) == 0 ]] || die "cannot write $CONF; run as root"
     # A changed configuration: stop the daemons this script started before (by their pid files).
     for pidfile in "${daemon_pidfiles[@]}"; do
@@ -125,7 +144,8 @@ if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]]; then
     done
     mkdir -p "$(dirname "$CONF")"
     printf '%s\n' "$new_conf" > "$CONF"
-    say "wrote $CONF"
+    printf '%s\n' "$new_gres_conf" > "$GRES_CONF"
+    say "wrote $CONF and $GRES_CONF"
 fi
 
 # ---------------------------------------------------------------- daemons
