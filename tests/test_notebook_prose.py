@@ -107,15 +107,8 @@ def test_the_figure_check_finds_a_typed_figure_and_accepts_a_printed_or_linked_o
     assert typed_figures("A batch of 64 × 32 images on 2 x 4 GPUs, float32: 4 bytes each.", printed) == []
 
 
-def gpus_the_job_is_for(job):
-    """GPUs a PBS job is for: chunks x ngpus of the first select line that names ngpus, its #PBS line or its ##PBS
-    GPU form (what a site uncomments)."""
-    lines = [line for line in re.findall(r"^##?PBS -l (select=\S+)", job.read_text(), re.M) if "ngpus=" in line]
-    return select_gpus(lines[0]) if lines else 0
-
-
 def gpus_asked_as_shipped(job):
-    """GPUs a PBS job asks for as it is: its active #PBS select line only."""
+    """GPUs a PBS job asks for as it is: chunks x ngpus of its #PBS select line."""
     line = re.search(r"^#PBS -l (select=\S+)", job.read_text(), re.M)
     return select_gpus(line.group(1)) if line else 0
 
@@ -140,9 +133,9 @@ def submissions(cell, command, suffix):
 
 
 def cluster_cell_problems(cell):
-    """What the last cell ``cell`` lacks: a qsub and an sbatch line of existing jobs, a qsub line that asks for the
-    GPUs its job is for (on the line, while the job as shipped asks for none), an sbatch job asking for as many GPUs
-    as its PBS twin, and the interactive forms."""
+    """What the last cell ``cell`` lacks: a qsub and an sbatch line of existing jobs, a qsub line that submits its job
+    with the GPUs the job asks for, an sbatch job asking for as many GPUs as its PBS twin, the override for a site
+    without GPUs (a qsub select without ngpus, sbatch --gres=none), and the interactive forms."""
     pbs, slurm = submissions(cell, "qsub", "pbs"), submissions(cell, "sbatch", "sbatch")
     if not (pbs and slurm):
         return ["no `qsub job_scripts/X.pbs` and `sbatch job_scripts/X.sbatch` line"]
@@ -150,14 +143,16 @@ def cluster_cell_problems(cell):
     if missing:
         return [f"names {missing}, which job_scripts/ does not have"]
     problems = []
-    asked = {job.name: gpus_the_job_is_for(job) for _, job in pbs}
-    shown = {job.name: select_gpus(re.search(r"select=\S+", line).group(0)) if "select=" in line
+    asked = {job.name: gpus_asked_as_shipped(job) for _, job in pbs}
+    shown = {line: select_gpus(re.search(r"select=\S+", line).group(0)) if "select=" in line
              else gpus_asked_as_shipped(job) for line, job in pbs}
-    if not any(shown[name] == gpus for name, gpus in asked.items()):
-        problems.append(f"no qsub line asks for the GPUs its job is for: {shown} vs {asked}")
+    if not any(gpus and gpus == asked[job.name] for (line, job), gpus in zip(pbs, shown.values())):
+        problems.append(f"no qsub line submits its job with the GPUs the job asks for: {asked}")
     twins = [(job, job.with_suffix(".pbs")) for _, job in slurm]
-    if not any(twin.exists() and job_gpus_slurm(job) == gpus_the_job_is_for(twin) for job, twin in twins):
-        problems.append("no sbatch job asks for as many GPUs as its PBS twin is for")
+    if not any(twin.exists() and job_gpus_slurm(job) == gpus_asked_as_shipped(twin) for job, twin in twins):
+        problems.append("no sbatch job asks for as many GPUs as its PBS twin")
+    if not any("select=" in line and shown[line] == 0 for line, _ in pbs) or "sbatch --gres=none" not in cell:
+        problems.append("no override for a site without GPUs (qsub -l select=... without ngpus, sbatch --gres=none)")
     problems += [f"no interactive `{form}`" for form in ("qsub -I", "salloc") if form not in cell]
     return problems
 
@@ -170,12 +165,14 @@ def test_the_last_cell_shows_the_job_on_pbs_and_slurm_with_its_gpus(path):
 
 def test_the_cluster_cell_check_finds_a_job_submitted_without_its_gpus():
     interactive = "qsub -I -l select=1:ncpus=16:ngpus=2\nsalloc --gres=gpu:2\n"
-    good = "qsub -l select=1:ncpus=16:mem=32gb:ngpus=2 job_scripts/04_ddp.pbs\nsbatch job_scripts/04_ddp.sbatch\n"
-    assert cluster_cell_problems(good + interactive) == []
-    plain = "qsub job_scripts/04_ddp.pbs\nsbatch job_scripts/04_ddp.sbatch\n"  # as shipped: CPUs only
-    assert cluster_cell_problems(plain + interactive) == [
-        "no qsub line asks for the GPUs its job is for: {'04_ddp.pbs': 0} vs {'04_ddp.pbs': 2}"]
-    assert cluster_cell_problems(good) == ["no interactive `qsub -I`", "no interactive `salloc`"]
+    cpus = "qsub -l select=1:ncpus=4:mem=8gb job_scripts/04_ddp.pbs\nsbatch --gres=none job_scripts/04_ddp.sbatch\n"
+    good = "qsub job_scripts/04_ddp.pbs\nsbatch job_scripts/04_ddp.sbatch\n"  # as shipped: 2 GPUs
+    assert cluster_cell_problems(good + cpus + interactive) == []
+    assert cluster_cell_problems(cpus + interactive) == [
+        "no qsub line submits its job with the GPUs the job asks for: {'04_ddp.pbs': 2}"]
+    assert cluster_cell_problems(good + interactive) == [
+        "no override for a site without GPUs (qsub -l select=... without ngpus, sbatch --gres=none)"]
+    assert cluster_cell_problems(good + cpus) == ["no interactive `qsub -I`", "no interactive `salloc`"]
 
 
 @pytest.mark.parametrize("page", ["README.md", "notebooks/README.md"])
