@@ -371,7 +371,7 @@ def test_gpu_check_plans_every_step_for_four_gpus(capsys, tmp_path, monkeypatch)
     out = gpu_check_plan(4, capsys, tmp_path, monkeypatch)
     assert out.count("--nproc-per-node=4") == 4  # all_reduce x 2, DDP, equivalence
     assert "3 DataParallel over 4 GPU(s)" in out and "--pin-memory" in out and "--device cuda:0" in out
-    assert "NVIDIA_TF32_OVERRIDE=0" in out and "allreduce_bandwidth.py" in out and "harness.py" in out
+    assert "kit/exactness.py" in out and "allreduce_bandwidth.py" in out and "harness.py" in out
 
 
 def test_gpu_check_on_one_gpu_runs_each_step_with_one_process(capsys, tmp_path, monkeypatch):

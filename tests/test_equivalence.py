@@ -3,11 +3,14 @@ with batch W x B, for the hand-written all_reduce (after backward, per parameter
 bucket; during backward, per parameter and in buckets: step2b_own_ddp.py) and for DDP.
 
 Dropout is off in these runs (demos/verify_equivalence.py turns it off): its random masks
-would differ between one process and two, whatever the seeds.
+would differ between one process and two, whatever the seeds. TF32 and cuDNN's free choice of
+algorithm are off too, in each process (kit/exactness.py): they change nothing on a CPU, but the
+script must switch them off where it computes, as it would on GPUs.
 """
 import pytest
 
 from helpers import assert_ok, read_json, run_torchrun
+from kit import exactness
 
 AVERAGED = ["per-parameter", "bucket", "overlap", "overlap-bucket", "ddp"]
 
@@ -23,6 +26,12 @@ def differences(request, tmp_path_factory):
 
 def test_run_compares_two_ranks_of_32_with_one_process_of_64(differences):
     assert differences["world_size"] == 2 and differences["batch_size"] == 32 and differences["steps"] == 5
+
+
+def test_each_rank_computed_with_the_courses_exact_math(differences):
+    """Read back in each torchrun'd process, whose flags start at PyTorch's defaults (cuDNN may use TF32 and
+    nondeterministic algorithms), so only the script's own exact_math() call makes them read so."""
+    assert differences["math_settings"] == [exactness.EXACT] * differences["world_size"]
 
 
 @pytest.mark.parametrize("method", AVERAGED)

@@ -13,7 +13,10 @@ From the same initial weights and the same data order, every rank trains:
   no-averaging   its shard, gradients NOT averaged: the control that must differ
 Rank 0 prints the largest difference from `single` (gradients after step 1, weights
 after every step) and exits with status 1 when an averaged method is off by more
-than --tolerance. Dropout is off: its masks would differ between the runs.
+than --tolerance. Dropout is off: its masks would differ between the runs. Each rank first
+turns off TF32 and cuDNN's nondeterministic and timed algorithms (kit/exactness.py): on a GPU,
+PyTorch's default TF32 convolutions can move the results past 1e-6. --json records each
+rank's flags.
 
 The optimizer is Adadelta, the recipe's, by default. With --optimizer adam the
 gradients still agree to about 1e-8, but the weights drift apart by about 1e-5 within
@@ -35,6 +38,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 import step2b_own_ddp as own_ddp
 from demos import runner
+from kit import exactness
+from kit.agreement import gather_from_all_ranks
 from kit.errors import CourseError
 from lesson import data, loop, models
 from machinery import cli
@@ -106,7 +111,10 @@ def differences(results):
     return table
 
 
-def report(table, spreads, args, world_size):
+def report(table, spreads, args, world_size, settings):
+    exact = all(exactness.is_exact(one) for one in settings)
+    print(f"{'every rank' if exact else 'NOT every rank'}: TF32 off, cuDNN deterministic and not benchmarking "
+          "(kit/exactness.py)")
     print(f"max |difference| from one process on the global batch ({world_size} x {args.batch_size}), "
           f"optimizer {args.optimizer}, {args.steps} step(s):")
     print(f"{'method':<15}{'grads, step 1':>15}{'weights, last':>15}{'ranks apart':>13}")
@@ -115,6 +123,7 @@ def report(table, spreads, args, world_size):
 
 
 def main(args):
+    exactness.exact_math()  # this rank's flags, before its first convolution
     runtime = runner.setup(args)
     train_set, _ = data.load_datasets(args.dataset, args.data_dir)
     if len(train_set) < args.steps * args.batch_size * runtime.world_size:
@@ -124,13 +133,15 @@ def main(args):
     table = differences(results)
     spreads = {method: runner.largest_difference_from_rank0([results[method][1][-1]]) for method in table}
     worst = max(max(table[m]["gradient_step1"], *table[m]["weights_per_step"], spreads[m]) for m in AVERAGED)
+    settings = gather_from_all_ranks(exactness.math_settings())  # as each computing process has them
     if runtime.is_main:
-        report(table, spreads, args, runtime.world_size)
+        report(table, spreads, args, runtime.world_size, settings)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"world_size": runtime.world_size, "batch_size": args.batch_size,
                                              "steps": args.steps, "optimizer": args.optimizer,
-                                             "differences": table, "ranks_apart": spreads}, indent=2) + "\n")
+                                             "differences": table, "ranks_apart": spreads,
+                                             "math_settings": settings}, indent=2) + "\n")
     if worst > args.tolerance:
         raise CourseError(f"an averaged method differs by {worst:.1e} > tolerance {args.tolerance:.0e}")
     if runtime.is_main:

@@ -44,7 +44,8 @@ if _missing:
 
 import torch  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common  # noqa: E402 (it puts scripts/ on sys.path, for kit)
+from kit import exactness  # noqa: E402
 
 SHORT = ("--epochs", "2", "--max-steps", "20")  # enough steps to leave the first epoch's start-up behind
 
@@ -80,6 +81,12 @@ def record_checks(device, world_size, backend, gpus_per_process=1):
     return checks
 
 
+def exact_in_every_process(record, nproc):
+    """Whether verify_equivalence.py's record shows kit/exactness.py's flags in each of its ``nproc`` processes."""
+    settings = record.get("math_settings", [])
+    return len(settings) == nproc and all(exactness.is_exact(one) for one in settings)
+
+
 def plan(gpus, results, quick_args, records_dir):
     """Every step, for ``gpus`` GPUs (0: the CPU fallback with 2 processes)."""
     nproc = gpus or 2
@@ -110,9 +117,13 @@ def plan(gpus, results, quick_args, records_dir):
              python(SCRIPTS / "tools/gpu_check.py", "--load-checkpoint", checkpoint, "--device", device)),
     ]
     if gpus >= 2:
-        steps.append(Step(f"equivalence on NCCL, {nproc} processes (TF32 off: NVIDIA_TF32_OVERRIDE=0)",
-                          torchrun(nproc, SCRIPTS / "demos/verify_equivalence.py"),
-                          env={"NVIDIA_TF32_OVERRIDE": "0"}))
+        # The script turns TF32 and cuDNN's free algorithm choice off in each of its processes, as in notebook 02
+        # (kit/exactness.py); its record says whether every rank had them off.
+        steps.append(Step(f"equivalence on NCCL, {nproc} processes (TF32 off in each: kit/exactness.py)",
+                          torchrun(nproc, SCRIPTS / "demos/verify_equivalence.py",
+                                   "--json", Path(results) / "equivalence.json"),
+                          "equivalence", [(f"TF32 off, cuDNN deterministic and not benchmarking in all {nproc} "
+                                           "processes", lambda r: exact_in_every_process(r, nproc))]))
         steps.append(Step(f"all_reduce bandwidth on NCCL, {nproc} GPUs",
                           python(BENCHMARKS / "allreduce_bandwidth.py", "--records", records_dir)))
     if gpus:
