@@ -18,6 +18,8 @@ PY
 # LOGIN (the host the job was submitted from). Runs until the walltime ends, or until it is shut down.
 course_jupyter() {
     local node=$1 login=$2 port kernels
+    # GPUs granted that torch cannot see stop the job here, in the launcher's one line, as a training job's would.
+    python scripts/tools/launch.py --check-gpus || exit 1
     command -v jupyter >/dev/null ||
         course_fail "no jupyter in the environment set up by job_scripts/site.sh; install the course's requirements there (pip install -r requirements.txt)"
     port=$(course_free_port "$node") || course_fail "cannot listen on $node (does the name resolve here?); set COURSE_JUPYTER_HOST"

@@ -330,6 +330,18 @@ def test_the_slurm_job_starts_the_same_server(tmp_path):
         running.stop()
 
 
+def test_gpus_granted_that_torch_cannot_see_stop_the_job_before_the_server(tmp_path):
+    env = jupyter_environment(tmp_path)
+    env.update(SLURM_SUBMIT_DIR=str(REPO), SLURM_JOB_ID="4244", SLURMD_NODENAME="localhost", SLURM_GPUS_ON_NODE="2",
+               SLURM_JOB_NODELIST="localhost")
+    result = subprocess.run(["bash", str(JOB_SCRIPTS / "jupyter.sbatch")], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"^launch.py: error: the job was granted 2 GPU\(s\) on localhost \(SLURM_GPUS_ON_NODE=2\) but "
+                     r"torch sees none: ", result.stderr, re.M), result.stderr
+    assert "JupyterLab on" not in result.stdout
+
+
 def test_outside_a_job_the_script_says_so(tmp_path):
     result = subprocess.run(["bash", str(JOB_SCRIPTS / "jupyter.pbs")], env=jupyter_environment(tmp_path),
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -261,6 +261,14 @@ def test_without_a_scheduler_nothing_was_granted():
     assert launch.plan_from_env({"CUDA_VISIBLE_DEVICES": "0,1"}, nproc_per_node=2).warnings == []
 
 
+def test_the_gpu_check_alone_for_the_jupyterlab_jobs(capsys):
+    assert launch.main(["--check-gpus"], env=GRANTED_TWO) == 2
+    assert capsys.readouterr().err.startswith("launch.py: error: the job was granted 2 GPU(s) on gpu01 ")
+    assert launch.main(["--check-gpus"], env={**GRANTED_TWO, "COURSE_CPU_FALLBACK": "yes"}) == 0
+    assert capsys.readouterr().err.startswith("launch.py: warning: the job was granted 2 GPU(s) on gpu01 ")
+    assert launch.main(["--check-gpus"], env={}) == 0 and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("cuda, driver_lists_gpus, cause", [
     (None, False, r"this torch \(.*\) is a CPU-only build: install a CUDA build"),
     ("13.0", False, r"this node has no NVIDIA driver loaded \(no .*\): submit to the GPU queue or partition"),

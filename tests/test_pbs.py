@@ -8,15 +8,20 @@ of the course in the user's home, its .venv linked to that environment (site.sh'
 first route), and every job submitted from there with `qsub -W block=true`, which
 waits for the job and returns its exit status. What these 2-CPU hosts cannot give is
 overridden on the qsub line (-l select=...), as a user at another site would, never by
-editing a job. All submissions go in at once; PBS runs them as hosts come free.
+editing a job, and never the job's GPU request: this PBS defines ngpus and grants each
+job its GPUs (4 on each host, which do not exist), and the jobs run on CPUs because the
+submissions set COURSE_CPU_FALLBACK=yes, as a site without GPUs would in site.sh (the
+"gpus_unseen" variant shows the stop without it). All submissions go in at once; PBS
+runs them as hosts come free.
 
 Skipped, with the reason, where OpenPBS is not installed; failed where it is installed
 but does not answer.
 
 ADDING A JOB. Every job_scripts/*.pbs needs an entry in JOBS below, or
 test_every_pbs_job_has_an_entry fails. An entry is a Submission:
-  resources  what to ask qsub for instead of the job's #PBS lines: these hosts have 2
-             CPUs each (ncpus=1 for one process, ncpus=2 for two) and 24 GB
+  resources  what to ask qsub for instead of the job's #PBS lines: fitted(job, ncpus), the
+             job's own select with the CPUs and memory of these hosts (2 CPUs each,
+             24 GB) and its GPU request as shipped
   variables  qsub -v variables: COURSE_ARGS for a short run (short_run("<name>") trains
              3 steps and writes results/<name>.json), COURSE_LAUNCH_ARGS, site.sh settings;
              small offline data: --dataset synthetic-cifar10, or the ImageFolder and
@@ -60,11 +65,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT),
               pytest.mark.skipif(SETUP is None, reason=NO_PBS or "")]
 
 HEAD, NODE2 = (SETUP or {}).get("PBS_HOSTS", "pbshead pbsnode2").split()
-ONE_HOST = ("select=1:ncpus=2:mem=4gb", "walltime=00:10:00")
-ONE_CPU = ("select=1:ncpus=1:mem=4gb", "walltime=00:10:00")
-TWO_HOSTS = ("select=2:ncpus=2:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
-TWO_HOSTS_ONE_CPU = ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=scatter", "walltime=00:10:00")
 JOB_SECONDS = 600  # a hang guard: how long a wait goes without news of a job before it gives up
+
+
+def job_select(job):
+    return re.search(r"^#PBS -l (select=\S+)$", (JOB_SCRIPTS / job).read_text(), re.M)[1]
+
+
+def fitted(job, ncpus, *more, ngpus=None):
+    """qsub -l resources for JOB on these hosts: its own select with NCPUS CPUs and 4 GB a chunk and the GPUs it
+    asks for (a variant that tests something else may ask for NGPUS a chunk), a walltime of 10 minutes, MORE."""
+    select = re.sub(r"(?<=:)ncpus=\d+", f"ncpus={ncpus}", re.sub(r"(?<=:)mem=\w+", "mem=4gb", job_select(job)))
+    if ngpus is not None:
+        select = re.sub(r"(?<=:)ngpus=\d+", f"ngpus={ngpus}", select)
+    return (select, *more, "walltime=00:10:00")
+
+
+def granted_on_cpus(*hosts, gpus=2):
+    """The launcher's line, on each of HOSTS, for GPUs this PBS granted and torch cannot see."""
+    return tuple(f"launch.py: warning: the job was granted {gpus} GPU(s) on {host} (ngpus={gpus} on {host} in the "
+                 f"job's exec_vnode (qstat -f)) but torch sees none: running on CPUs, as COURSE_CPU_FALLBACK=yes in "
+                 "job_scripts/site.sh allows" for host in hosts)
 
 
 SYNTHETIC_CIFAR = "--dataset synthetic-cifar10 --batch-size 16"
@@ -101,28 +122,31 @@ def preflight(ranks, layout):
 # One entry per job file: what it takes to run here and what it must show.
 JOBS = {
     "01_baseline.pbs": Submission(
-        "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("01_baseline")},
+        "01_baseline.pbs", fitted("01_baseline.pbs", 1), {"COURSE_ARGS": short_run("01_baseline")},
         record={"script": "step1_baseline", "world_size": 1, "device": "cpu"},
+        log_has=granted_on_cpus(HEAD, gpus=1) + ("processes   1 per node",),
     ),
     "02_allreduce.pbs": Submission(
-        "02_allreduce.pbs", ONE_HOST, {"COURSE_ARGS": short_run("02_allreduce")},
+        "02_allreduce.pbs", fitted("02_allreduce.pbs", 2), {"COURSE_ARGS": short_run("02_allreduce")},
         record={"script": "step2_allreduce", "world_size": 2},
-        log_has=("processes   2 per node", "NCPUS=2", "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)"),
+        log_has=("processes   2 per node   one per GPU granted, on CPUs: ngpus=2 on " + HEAD,
+                 "pre-flight all_reduce ok: 2 rank(s) on 1 node(s)", *granted_on_cpus(HEAD)),
     ),
     "03_data_parallel.pbs": Submission(
-        "03_data_parallel.pbs", ONE_CPU, {"COURSE_ARGS": short_run("03_data_parallel")},
+        "03_data_parallel.pbs", fitted("03_data_parallel.pbs", 1), {"COURSE_ARGS": short_run("03_data_parallel")},
         record={"script": "step3_data_parallel", "world_size": 1},
     ),
     # Four processes on one host: the same run as the 2-node job's (compared below).
     "04_ddp.pbs": Submission(
-        "04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("04_ddp"), "COURSE_LAUNCH_ARGS": "--nproc-per-node 4"},
+        "04_ddp.pbs", fitted("04_ddp.pbs", 2),
+        {"COURSE_ARGS": short_run("04_ddp"), "COURSE_LAUNCH_ARGS": "--nproc-per-node 4"},
         record={"script": "step4_ddp", "world_size": 4},
         log_has=("pre-flight all_reduce ok: 4 rank(s) on 1 node(s)",),
     ),
     "04_ddp_2nodes.pbs": Submission(
-        "04_ddp_2nodes.pbs", TWO_HOSTS, {"COURSE_ARGS": short_run("04_ddp_2nodes")},
+        "04_ddp_2nodes.pbs", fitted("04_ddp_2nodes.pbs", 2), {"COURSE_ARGS": short_run("04_ddp_2nodes")},
         record={"script": "step4_ddp", "world_size": 4},
-        log_has=(
+        log_has=(*granted_on_cpus(HEAD, NODE2),
             f"== pbsdsh: node_launch.sh on 2 node(s): {HEAD} {NODE2}",
             "this node   0 of 2", "this node   1 of 2", "PBS_NODENUM=1 agrees",
             preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")]),
@@ -133,57 +157,75 @@ JOBS = {
     # server really started there, named its tunnel, and ended the job by itself.
     # CIFAR-10 with ResNet-18 (the Palmetto DDP tutorial), on CIFAR-shaped images made up in memory.
     "06_cifar10_baseline.pbs": Submission(
-        "06_cifar10_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("06_cifar10_baseline", SYNTHETIC_CIFAR)},
+        "06_cifar10_baseline.pbs", fitted("06_cifar10_baseline.pbs", 1),
+        {"COURSE_ARGS": short_run("06_cifar10_baseline", SYNTHETIC_CIFAR)},
         record={"script": "step1_baseline", "world_size": 1, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=(re.compile(r"^total \d+\.\d s; record written to results/06_cifar10_baseline\.json", re.M),),
     ),
     "06_cifar10_ddp.pbs": Submission(
-        "06_cifar10_ddp.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_cifar10_ddp", SYNTHETIC_CIFAR)},
+        "06_cifar10_ddp.pbs", fitted("06_cifar10_ddp.pbs", 2),
+        {"COURSE_ARGS": short_run("06_cifar10_ddp", SYNTHETIC_CIFAR)},
         record={"script": "step4_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
         log_has=("pre-flight all_reduce ok: 2 rank(s) on 1 node(s)", "record written to results/06_cifar10_ddp.json"),
     ),
     "06_cifar10_ddp_2nodes.pbs": Submission(
-        "06_cifar10_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "06_cifar10_ddp_2nodes.pbs", fitted("06_cifar10_ddp_2nodes.pbs", 1),
         {"COURSE_ARGS": short_run("06_cifar10_ddp_2nodes", SYNTHETIC_CIFAR)},
-        record={"script": "step4_ddp", "world_size": 2, "dataset": "synthetic-cifar10", "model": "resnet18"},
-        log_has=(preflight(2, [(HEAD, "0"), (NODE2, "1")]), f"== node 1 ({NODE2}): exit status 0"),
+        record={"script": "step4_ddp", "world_size": 4, "dataset": "synthetic-cifar10", "model": "resnet18"},
+        log_has=(preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")]), f"== node 1 ({NODE2}): exit status 0"),
     ),
     # The fine-tune (the SageMaker DDP tutorial) from a weights file, on a small ImageFolder of PNG digits.
     "06_finetune_2nodes.pbs": Submission(
-        "06_finetune_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "06_finetune_2nodes.pbs", fitted("06_finetune_2nodes.pbs", 1),
         {"COURSE_ARGS": short_run("06_finetune_2nodes",
                                   f"--data-dir {FINETUNE_DATA}/imagefolder "
                                   f"--weights {FINETUNE_DATA}/resnet18-weights.pt --batch-size 4")},
-        record={"script": "step6_finetune", "world_size": 2, "dataset": "imagefolder", "model": "resnet18"},
-        log_has=("--finetune head: 1,026 of 11,177,538 parameters train", preflight(2, [(HEAD, "0"), (NODE2, "1")])),
+        record={"script": "step6_finetune", "world_size": 4, "dataset": "imagefolder", "model": "resnet18"},
+        log_has=("--finetune head: 1,026 of 11,177,538 parameters train",
+                 preflight(4, [(HEAD, "0-1"), (NODE2, "2-3")])),
     ),
-    # DDP with model parallelism (the official DDP tutorial): without GPUs, both halves of each replica on the CPU.
+    # DDP with model parallelism (the official DDP tutorial): 2 GPUs granted, one replica; on CPUs, both halves on
+    # the CPU.
     "06_model_parallel.pbs": Submission(
-        "06_model_parallel.pbs", ONE_HOST, {"COURSE_ARGS": short_run("06_model_parallel", SYNTHETIC_CIFAR)},
-        record={"script": "step6_model_parallel", "world_size": 2, "dataset": "synthetic-cifar10"},
-        log_has=("each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu",),
+        "06_model_parallel.pbs", fitted("06_model_parallel.pbs", 2),
+        {"COURSE_ARGS": short_run("06_model_parallel", SYNTHETIC_CIFAR)},
+        record={"script": "step6_model_parallel", "world_size": 1, "dataset": "synthetic-cifar10"},
+        log_has=("processes   1 per node   one per 2 GPUs granted, on CPUs: ngpus=2 on " + HEAD,
+                 "each replica: conv1, bn1, relu, maxpool, layer1, layer2 on cpu; layer3, layer4, avgpool, fc on cpu",),
     ),
-    # The cluster doctor on both hosts, one rank each (2 cores per rank): it names both hosts and diagnoses nothing.
+    # The cluster doctor on both hosts, as launched by default: one rank per GPU granted, 2 on each host's 2 cores. It
+    # names both hosts, notes the cores and the CPU fall-back, and diagnoses nothing.
     "doctor.pbs": Submission(
-        "doctor.pbs", TWO_HOSTS, {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"},
-        log_has=(f"doctor: 2 rank(s) on 2 node(s): {HEAD} [0], {NODE2} [1]",
+        "doctor.pbs", fitted("doctor.pbs", 2),
+        log_has=(f"doctor: 4 rank(s) on 2 node(s): {HEAD} [0-1], {NODE2} [2-3]",
                  f"job's hosts: PBS_NODEFILE: {HEAD}, {NODE2}",
-                 re.compile(rf"^0 +{HEAD} +0 +0 +none +unset +2 \(", re.M),
-                 re.compile(rf"^1 +{NODE2} +1 +0 +none +unset +2 \(", re.M),
-                 "all_reduce with gloo: the sum of ones is 2, the world size",
+                 re.compile(rf"^0 +{HEAD} +0 +0 +none +unset +", re.M),
+                 re.compile(rf"^3 +{NODE2} +1 +1 +none +unset +", re.M),
+                 *(f"note: one CPU core per rank: {host} runs 2 rank(s) on 2 CPU core(s) (NCPUS=2)"
+                   for host in (HEAD, NODE2)),
+                 *(f"note: GPUs granted but unseen: {host} was granted 2 GPU(s) (ngpus=2 on {host} in the job's "
+                   "exec_vnode (qstat -f)) but torch sees none: running on CPUs (COURSE_CPU_FALLBACK=yes)"
+                   for host in (HEAD, NODE2)),
+                 "all_reduce with gloo: the sum of ones is 4, the world size",
                  "probe between 2 nodes: all_reduce of 16 MiB",
-                 "doctor: no problem found", f"== node 0 ({HEAD}): exit status 0",
+                 "doctor: no problem found (4 notes)", f"== node 0 ({HEAD}): exit status 0",
                  f"== node 1 ({NODE2}): exit status 0"),
         check=lambda log, record: doctor_diagnosed(log, []),
     ),
     "jupyter.pbs": Submission(
-        "jupyter.pbs", ONE_CPU, {"COURSE_JUPYTER_IDLE_SECONDS": "5"},
+        "jupyter.pbs", fitted("jupyter.pbs", 1), {"COURSE_JUPYTER_IDLE_SECONDS": "5"},
         log_has=(re.compile(rf"== JupyterLab on ({HEAD}|{NODE2}), port \d+, serving "),
-                 re.compile(rf"ssh -N -L (\d+):({HEAD}|{NODE2}):\1 pbsuser@"), "No kernels for"),
+                 re.compile(rf"ssh -N -L (\d+):({HEAD}|{NODE2}):\1 pbsuser@"), "No kernels for",
+                 re.compile(rf"^launch.py: warning: the job was granted 2 GPU\(s\) on ({HEAD}|{NODE2}) .* running on "
+                            "CPUs, as COURSE_CPU_FALLBACK=yes", re.M)),
     ),
 }
 
 MODULES = "course-modules"  # a folder in the course copy with the module files the tests write
+
+
+def not_trained(log):
+    assert "torch.distributed.run" not in log and "pre-flight" not in log, log
 
 
 def same_python_on_every_node(python):
@@ -201,11 +243,13 @@ def doctor_diagnosed(log, expected):
         f"expected {expected}, got {found}\n{log}")
 
 
-# Not job files: the same jobs, other ways. Each has a name of its own.
+# Not job files: the same jobs, other ways. Each has a name of its own. The 2-node ones ask for one GPU a host (one
+# rank each): what they test is not the GPU request, which JOBS runs as shipped.
+ONE_GPU_A_HOST = fitted("04_ddp_2nodes.pbs", 1, ngpus=1)
 VARIANTS = {
     # site.sh's module route: a module (Lmod, written by the test) puts the Python on PATH.
     "modules": lambda venv, copy: Submission(
-        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "04_ddp_2nodes.pbs", ONE_GPU_A_HOST,
         {"COURSE_ARGS": short_run("modules"), "COURSE_MODULES": "course-python/1.0",
          "COURSE_MODULE_PATH": f"{copy}/{MODULES}", "COURSE_VENV": "", "COURSE_CONDA_ENV": ""},
         record={"script": "step4_ddp", "world_size": 2},
@@ -214,7 +258,7 @@ VARIANTS = {
     ),
     # site.sh's conda route: a module provides conda (a stand-in), which activates ddp-course.
     "conda": lambda venv, copy: Submission(
-        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "04_ddp_2nodes.pbs", ONE_GPU_A_HOST,
         {"COURSE_ARGS": short_run("conda"), "COURSE_MODULES": "conda/test", "COURSE_MODULE_PATH": f"{copy}/{MODULES}",
          "COURSE_VENV": "", "COURSE_CONDA_ENV": "ddp-course"},
         record={"script": "step4_ddp", "world_size": 2},
@@ -223,19 +267,19 @@ VARIANTS = {
     ),
     # A training that fails fails the job, and a failure on the nodes fails the 2-node job.
     "fails": lambda venv, copy: Submission(
-        "01_baseline.pbs", ONE_CPU, {"COURSE_ARGS": short_run("fails", "--epochs 0")},
+        "01_baseline.pbs", fitted("01_baseline.pbs", 1), {"COURSE_ARGS": short_run("fails", "--epochs 0")},
         # torchrun tries the group of one again (--max-restarts), then fails with its own status, 1.
         exit_status=1,
         log_has=("step1_baseline.py: error: argument --epochs: must be at least 1, got 0", "== exit status 1"),
     ),
     "fails_on_the_nodes": lambda venv, copy: Submission(
-        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "04_ddp_2nodes.pbs", ONE_GPU_A_HOST,
         {"COURSE_ARGS": short_run("fails_on_the_nodes", "--epochs 0"), "COURSE_LAUNCH_ARGS": "--max-restarts 0"},
         exit_status=1, log_has=("== node 0 (", "== node 1 (", "training failed on at least one node"),
     ),
     # A worker killed mid-run: torchrun restarts the group on both hosts, and it resumes.
     "worker_killed": lambda venv, copy: Submission(
-        "04_ddp_2nodes.pbs", TWO_HOSTS_ONE_CPU,
+        "04_ddp_2nodes.pbs", ONE_GPU_A_HOST,
         {"COURSE_ARGS": short_run("worker_killed", "--checkpoint-every 1 --fault kill --fault-rank 1 --fault-step 2")},
         record={"script": "step4_ddp", "world_size": 2, "resumed_at_step": 2},
         log_has=("fault drill: rank 1 kills itself (SIGKILL) after step 2",
@@ -243,27 +287,33 @@ VARIANTS = {
                             r"epoch 1, 2 of \d+ batches done"),
                  "== node 0 (", "== node 1 (", "exit status 0"),
     ),
-    # The doctor in a job granted one core per host: one rank per host, and no core for anything else.
-    "doctor_one_core": lambda venv, copy: Submission(
-        "doctor.pbs", TWO_HOSTS_ONE_CPU, {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, exit_status=1,
-        log_has=("doctor: 2 problem(s) found, exit status 1", f"== node 0 ({HEAD}): exit status 1"),
-        check=lambda log, record: doctor_diagnosed(log, [
-            rf"one CPU core per rank: {HEAD} runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), ",
-            rf"one CPU core per rank: {NODE2} runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), "]),
-    ),
-    # The doctor in a job whose two chunks PBS packed on one host: the node file lists that host twice (and
-    # the job has NCPUS=1 there, one chunk's ncpus: one core for its one rank).
+    # The doctor in a job whose two chunks PBS packed on one host: the node file lists that host twice, which fails
+    # the job (the job has NCPUS=1 there, one chunk's ncpus: one core for its one rank, a note).
     "doctor_packed": lambda venv, copy: Submission(
-        "doctor.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
-        {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, exit_status=1,
-        log_has=(re.compile(rf"^doctor: 1 rank\(s\) on 1 node\(s\): ({HEAD}|{NODE2}) \[0\]$", re.M),),
+        "doctor.pbs", fitted("doctor.pbs", 1, "place=pack"), {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"},
+        exit_status=1,
+        log_has=(re.compile(rf"^doctor: 1 rank\(s\) on 1 node\(s\): ({HEAD}|{NODE2}) \[0\]$", re.M),
+                 re.compile(rf"^note: one CPU core per rank: ({HEAD}|{NODE2}) runs 1 rank\(s\) on 1 CPU core\(s\) "
+                            r"\(NCPUS=1\), ", re.M),
+                 re.compile(r"^doctor: 1 problem\(s\) found \(2 notes\), exit status 1$", re.M)),
         check=lambda log, record: doctor_diagnosed(log, [
-            rf"one CPU core per rank: ({HEAD}|{NODE2}) runs 1 rank\(s\) on 1 CPU core\(s\) \(NCPUS=1\), ",
             rf"a host listed twice: PBS_NODEFILE lists ({HEAD}|{NODE2}) 2 times: "]),
+    ),
+    # GPUs granted that torch cannot see, on a site that does not allow the fall-back to CPUs (site.sh's default):
+    # each node's launcher stops the job before training, in one line.
+    "gpus_unseen": lambda venv, copy: Submission(
+        "04_ddp_2nodes.pbs", fitted("04_ddp_2nodes.pbs", 1),
+        {"COURSE_ARGS": short_run("gpus_unseen"), "COURSE_CPU_FALLBACK": "no"}, exit_status=1,
+        log_has=tuple(f"launch.py: error: the job was granted 2 GPU(s) on {host} (ngpus=2 on {host} in the job's "
+                      "exec_vnode (qstat -f)) but torch sees none: " for host in (HEAD, NODE2))
+        + ("A site without GPUs: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh, or submit without the GPU request",
+           f"== node 0 ({HEAD}): exit status 2", f"== node 1 ({NODE2}): exit status 2",
+           "training failed on at least one node"),
+        check=lambda log, record: not_trained(log),
     ),
     # Two chunks packed on one host: refused before pbsdsh starts two launchers there.
     "packed": lambda venv, copy: Submission(
-        "04_ddp_2nodes.pbs", ("select=2:ncpus=1:mpiprocs=1:mem=4gb", "place=pack", "walltime=00:10:00"),
+        "04_ddp_2nodes.pbs", fitted("04_ddp_2nodes.pbs", 1, "place=pack"),
         {"COURSE_ARGS": short_run("packed")},
         exit_status=1,
         log_has=(re.compile(r"job: error: PBS_NODEFILE lists a host more than once \((\S+) \1\), so pbsdsh "
@@ -321,8 +371,8 @@ def qsub_line(copy, name, submission, block=True, hold=False):
     words = ["qsub"] + (["-W", "block=true"] if block else []) + (["-h"] if hold else [])
     for resource in submission.resources:
         words += ["-l", resource]
-    if submission.variables:
-        words += ["-v", ",".join(f"{key}={value}" for key, value in submission.variables.items())]
+    variables = {"COURSE_CPU_FALLBACK": "yes", **submission.variables}  # GPUs granted here do not exist
+    words += ["-v", ",".join(f"{key}={value}" for key, value in variables.items())]
     words += ["-o", f"{copy}/logs/{name}.log", f"job_scripts/{submission.job}"]
     return f"cd {shlex.quote(str(copy))} && {shlex.join(words)}"
 
@@ -429,16 +479,26 @@ def test_the_two_node_job_cleans_up_its_job_folder(finished, course):
 
 @pytest.mark.parametrize("job", sorted(path.name for path in JOB_SCRIPTS.glob("*.pbs")))
 def test_qsub_takes_the_job_unedited(pbs, course, job):
-    """A vanilla PBS takes every job as it is: held (-h), so it never runs, then deleted."""
+    """A PBS with ngpus, as GPU sites have, takes every job as it is: held (-h), so it never runs, then deleted."""
     answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && qsub -h job_scripts/{job}")
     assert answer.returncode == 0, answer.stderr
     pbs_as_root(pbs, "qdel", answer.stdout.strip())
 
 
-def test_this_pbs_is_vanilla_so_the_check_above_can_fail(pbs, course):
+def test_this_pbs_knows_ngpus_and_nothing_site_specific_so_the_check_above_can_fail(pbs, course):
+    nodes = pbs_as_root(pbs, "pbsnodes", "-a").stdout
+    assert nodes.count("resources_available.ngpus = 4") == 2, nodes
     answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && "
-                              "qsub -h -l select=1:ncpus=1:ngpus=1 job_scripts/01_baseline.pbs")
-    assert answer.returncode != 0 and "Unknown resource: ngpus" in answer.stderr
+                              "qsub -h -l select=1:ncpus=1:ngpus=1:gpu_model=a100 job_scripts/01_baseline.pbs")
+    assert answer.returncode != 0 and "Unknown resource: gpu_model" in answer.stderr
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_the_submissions_keep_each_jobs_gpu_request(name):
+    """CI fits CPUs, memory and walltime to these hosts, never the GPUs a job asks for."""
+    gpus = re.compile(r"(?<=:)ngpus=\d+")
+    shipped = gpus.findall(job_select(name))
+    assert shipped and [gpus.findall(r) for r in JOBS[name].resources if r.startswith("select=")] == [shipped]
 
 
 # ---------------------------------------------------------------- launch.py under the real pbsdsh
@@ -511,7 +571,7 @@ def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
     """qrerun kills a running job and queues it again under the same id: it resumes."""
     # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
     run = short_run("rerun", "--max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 --fault-seconds 600")
-    submission = Submission("04_ddp.pbs", ONE_HOST, {"COURSE_ARGS": run})
+    submission = Submission("04_ddp.pbs", fitted("04_ddp.pbs", 2), {"COURSE_ARGS": run})
     line = qsub_line(course, "rerun", submission).replace("qsub ", "qsub -N rerun_test ", 1)
     waiting = subprocess.Popen([pbs["PBS_USER_COMMAND"], line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
@@ -541,7 +601,7 @@ def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
 # 2 epochs of 60 steps of the Net in 2 processes, one thread each: the run both jobs below train, and the
 # reference they must end with, bit for bit.
 LONG_RUN = "--epochs 2 --max-steps 60 --batch-size 32 --threads 1"
-TWO_ON_ONE_CPU = {"COURSE_LAUNCH_ARGS": "--nproc-per-node 2"}
+ON_CPUS = {"COURSE_CPU_FALLBACK": "yes"}  # 04_ddp.pbs's 2 GPUs, granted, do not exist: 2 processes on one CPU
 
 
 def job_state(pbs, job_id):
@@ -586,11 +646,11 @@ def stopped_jobs(pbs, course, tmp_path_factory):
       of walltime in its turn: it stops the same way and submits the next);
     - "qdel": 04_ddp.pbs, deleted with qdel once its first checkpoint is there (a checkpoint every step).
     """
-    walltime = submit(pbs, course, "walltime", (f"select=1:ncpus=1:mem=2gb:host={HEAD}", "walltime=00:02:00"), {
+    walltime = submit(pbs, course, "walltime", (f"select=1:ncpus=1:mem=2gb:ngpus=2:host={HEAD}", "walltime=00:02:00"), {
         "COURSE_ARGS": f"{LONG_RUN} --stop-margin 35 --fault stall --fault-step 3 --fault-seconds 30 "
-                       f"--save checkpoints/walltime.pt --run-name walltime", **TWO_ON_ONE_CPU})
-    deleted = submit(pbs, course, "qdel", ("select=1:ncpus=1:mem=2gb", "walltime=00:10:00"), {
-        "COURSE_ARGS": f"{LONG_RUN} --checkpoint-every 1 --run-name qdel", **TWO_ON_ONE_CPU})
+                       f"--save checkpoints/walltime.pt --run-name walltime", **ON_CPUS})
+    deleted = submit(pbs, course, "qdel", ("select=1:ncpus=1:mem=2gb:ngpus=2", "walltime=00:10:00"), {
+        "COURSE_ARGS": f"{LONG_RUN} --checkpoint-every 1 --run-name qdel", **ON_CPUS})
     deadline = time.monotonic() + JOB_SECONDS
     folder = course / "checkpoints" / f"qdel-{deleted}"
     while not checkpoints_in(folder) and job_state(pbs, deleted) != "F" and time.monotonic() < deadline:

@@ -4,7 +4,10 @@
 partition has two nodes, both this machine (each its own slurmd), so even the 2-node
 job runs for real: srun starts scripts/tools/launch.py on each node, and the two torchruns
 meet over c10d. On the command line, sbatch overrides the #SBATCH lines this machine
-cannot satisfy (partition, GPUs, CPUs, memory), as a user at another site would.
+cannot satisfy (partition, CPUs, memory, time), as a user at another site would, never
+the GPU request: each node has 4 GPUs that do not exist (gres.conf), the jobs are granted
+theirs, and they run on CPUs because the tests set COURSE_CPU_FALLBACK=yes, as a site
+without GPUs would in site.sh (the "gpus_unseen" job shows the stop without it).
 Skipped only where Slurm is not installed.
 """
 import re
@@ -27,6 +30,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT), pytest.mark.
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
         "PREEMPTED"}
 WAIT_SECONDS = 600
+
+
+def on_cpus():
+    """The environment a job is submitted with: this Slurm's GPUs do not exist, and the site allows CPUs instead."""
+    return {**clean_environment(), "COURSE_CPU_FALLBACK": "yes"}
 
 
 def slurm(*command, timeout=30):
@@ -56,8 +64,8 @@ def submitted(tmp_path_factory):
         pytest.fail("Slurm is installed but its controller does not answer; start it: sudo bash .ci/start_slurm.sh")
     partition, node_cpus = default_partition()
     cpus = min(2, node_cpus)
-    # This machine's answers to the #SBATCH lines written for a GPU cluster.
-    overrides = [f"--partition={partition}", "--gres=none", "--mem=0", f"--cpus-per-task={cpus}", "--time=10"]
+    # This machine's answers to the #SBATCH lines written for a GPU cluster: everything but the GPUs.
+    overrides = [f"--partition={partition}", "--mem=0", f"--cpus-per-task={cpus}", "--time=10"]
     out = tmp_path_factory.mktemp("slurm")
     write_image_folder(out / "finetune" / "imagefolder")
     write_resnet18_weights(out / "finetune" / "resnet18-weights.pt")
@@ -65,9 +73,11 @@ def submitted(tmp_path_factory):
     # Every training job; the JupyterLab job serves until cancelled (tests/test_jupyter_job.py runs it); the
     # doctor's jobs are in DOCTOR_JOBS.
     for step in [path.stem for path in sorted(JOB_SCRIPTS.glob("*.sbatch"))
-                 if path.stem not in ("jupyter", "doctor")] + ["failing"]:
-        script = "01_baseline" if step == "failing" else step
-        env = clean_environment()
+                 if path.stem not in ("jupyter", "doctor")] + ["failing", "gpus_unseen"]:
+        script = {"failing": "01_baseline", "gpus_unseen": "04_ddp_2nodes"}.get(step, step)
+        env = on_cpus()
+        if step == "gpus_unseen":  # site.sh's default: GPUs granted that torch cannot see stop the job
+            env["COURSE_CPU_FALLBACK"] = "no"
         env["COURSE_ARGS"] = (f"{SHORT_RUN} --results-dir {out} --run-name {step} " +
                               DATA.get(step, "").format(out=out) + (" --epochs 0" if step == "failing" else ""))
         env["COURSE_CHECKPOINT_DIR"] = str(out / "checkpoints" / step)
@@ -79,7 +89,7 @@ def submitted(tmp_path_factory):
         assert result.returncode == 0, f"sbatch {script}.sbatch: {result.stderr}"
         jobs[step] = result.stdout.strip().split(";")[0]
     for name, (sbatch_options, variables, _) in DOCTOR_JOBS.items():
-        env = {**clean_environment(), **variables}
+        env = {**on_cpus(), **variables}
         result = subprocess.run(
             ["sbatch", "--parsable", *overrides, *sbatch_options, f"--job-name=test-{name}",
              f"--output={out}/{name}-%j.out", "job_scripts/doctor.sbatch"],
@@ -117,27 +127,33 @@ DATA = {
                           "--batch-size 2",
 }
 
-EXPECTED = {  # step: (script, world size for C CPUs per node and no GPU)
-    "01_baseline": ("step1_baseline", lambda c: 1),
-    "02_allreduce": ("step2_allreduce", lambda c: min(c, 4)),
-    "03_data_parallel": ("step3_data_parallel", lambda c: 1),
-    "04_ddp": ("step4_ddp", lambda c: min(c, 4)),
-    "04_ddp_2nodes": ("step4_ddp", lambda c: 2 * min(c, 4)),
-    "06_cifar10_baseline": ("step1_baseline", lambda c: 1),
-    "06_cifar10_ddp": ("step4_ddp", lambda c: min(c, 4)),
-    "06_cifar10_ddp_2nodes": ("step4_ddp", lambda c: 2 * min(c, 4)),
-    "06_finetune_2nodes": ("step6_finetune", lambda c: 2 * min(c, 4)),
-    "06_model_parallel": ("step6_model_parallel", lambda c: min(c, 4)),  # no GPU: one process per CPU
+EXPECTED = {  # step: (script, world size: the processes of the GPUs each job asks for, here on CPUs)
+    "01_baseline": ("step1_baseline", 1),
+    "02_allreduce": ("step2_allreduce", 2),
+    "03_data_parallel": ("step3_data_parallel", 1),  # one process, DataParallel over the node's devices
+    "04_ddp": ("step4_ddp", 2),
+    "04_ddp_2nodes": ("step4_ddp", 4),
+    "06_cifar10_baseline": ("step1_baseline", 1),
+    "06_cifar10_ddp": ("step4_ddp", 2),
+    "06_cifar10_ddp_2nodes": ("step4_ddp", 4),
+    "06_finetune_2nodes": ("step6_finetune", 4),
+    "06_model_parallel": ("step6_model_parallel", 1),  # one replica over the 2 GPUs
 }
+
+
+def granted_on_cpus(gpus):
+    return (f"launch.py: warning: the job was granted {gpus} GPU(s) on {{host}} (SLURM_GPUS_ON_NODE={gpus}) but torch "
+            "sees none: running on CPUs, as COURSE_CPU_FALLBACK=yes in job_scripts/site.sh allows")
 
 
 # The doctor's jobs: sbatch options beyond the overrides, the job's variables, and the diagnoses expected (regular
 # expressions, in order). This Slurm's two nodes are one machine (.ci/start_slurm.sh): the doctor says so.
 HOST = socket.gethostname()
 DOCTOR_JOBS = {
-    "doctor": ([], {}, [r"one CPU core per rank: ", rf"a host listed twice: {HOST} runs the ranks of 2 torchruns "
-                                                     r"\(node ranks 0, 1\): two launchers on one host"]),
-    "doctor_one_node": (["--nodes=1"], {"COURSE_LAUNCH_ARGS": "--nproc-per-node 1"}, []),
+    "doctor": ([], {}, [rf"a host listed twice: {HOST} runs the ranks of 2 torchruns "
+                        r"\(node ranks 0, 1\): two launchers on one host"]),
+    # One node, launched by default: a rank per GPU granted, on this machine's 2 cores. Notes, and no problem.
+    "doctor_one_node": (["--nodes=1"], {}, []),
 }
 
 
@@ -155,6 +171,11 @@ def test_the_doctor_reports_the_placement_slurm_gave(submitted, name):
     assert hosts and len(hosts[1].split(", ")) == nodes, log  # the job's Slurm nodes, as scontrol names them
     assert len(re.findall(rf"^\d+ +{re.escape(HOST)} +", log, re.M)) >= nodes, log  # one table row per rank at least
     assert "all_reduce with gloo: the sum of ones is" in log and "the world size" in log, log
+    assert re.search(r"^note: GPUs granted but unseen: \S+ was granted 2 GPU\(s\) \(SLURM_GPUS_ON_NODE=2\) but "
+                     r"torch sees none: running on CPUs \(COURSE_CPU_FALLBACK=yes\)$", log, re.M), log
+    if not expected:  # the default layout passes: its few cores per rank are a note
+        assert re.search(r"^note: one CPU core per rank: .* runs 2 rank\(s\) on ", log, re.M), log
+        assert re.search(r"^doctor: no problem found \(\d notes\)$", log, re.M), log
 
 
 @pytest.mark.parametrize("step", sorted(EXPECTED))
@@ -165,7 +186,13 @@ def test_sbatch_job_completes_and_writes_its_record(submitted, step):
     assert "== job " in log and "== torch " in log and "== exit status 0" in log
     script, world_size = EXPECTED[step]
     record = read_record(submitted["out"] / f"{step}.json")
-    assert (record["script"], record["world_size"]) == (script, world_size(submitted["cpus"]))
+    assert (record["script"], record["world_size"]) == (script, world_size)
+    gpus = 1 if "baseline" in step else 2
+    nodes = 2 if step.endswith("_2nodes") else 1
+    found = re.findall(r"^launch.py: warning: the job was granted .*$", log, re.M)
+    # One line from each node's launcher: the host is Slurm's node name (both are this machine here).
+    assert len(found) == nodes and all(re.fullmatch(re.escape(granted_on_cpus(gpus)).replace(
+        re.escape("{host}"), r"\S+"), line) for line in found), log
     if step.startswith("06_"):
         assert record["model"] == "resnet18" and "total " in log
 
@@ -174,7 +201,7 @@ def test_two_node_sbatch_job_starts_one_launcher_per_node(submitted):
     log = submitted["logs"]["04_ddp_2nodes"]
     assert re.search(r"this node +0 of 2", log) and re.search(r"this node +1 of 2", log), log
     assert re.search(r"rendezvous +c10d at ", log), log
-    assert f"pre-flight all_reduce ok: {2 * min(submitted['cpus'], 4)} rank(s)" in log
+    assert "pre-flight all_reduce ok: 4 rank(s)" in log
 
 
 def test_a_failing_sbatch_job_fails(submitted):
@@ -182,10 +209,21 @@ def test_a_failing_sbatch_job_fails(submitted):
     assert state == "FAILED" and exit_code != "0:0", submitted["logs"]["failing"]
 
 
+def test_gpus_granted_that_torch_cannot_see_stop_the_job_on_every_node(submitted):
+    state, exit_code = submitted["states"]["gpus_unseen"]
+    log = submitted["logs"]["gpus_unseen"]
+    assert state == "FAILED" and exit_code != "0:0", log
+    stops = re.findall(r"^launch.py: error: the job was granted 2 GPU\(s\) on \S+ \(SLURM_GPUS_ON_NODE=2\) but torch "
+                       r"sees none: .* A site without GPUs: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh, or submit "
+                       r"without the GPU request .*$", log, re.M)
+    assert len(stops) == 2, log  # one line from each node, and nothing trained
+    assert "torch.distributed.run" not in log and "pre-flight" not in log, log
+
+
 def test_a_requeued_job_resumes_from_its_checkpoint(submitted):
     """scontrol requeue kills a running job and queues it again under the same id: it resumes."""
     out = submitted["out"]
-    env = clean_environment()
+    env = on_cpus()
     # Rank 0 stalls after step 2 (its checkpoint written), so the job is surely running then.
     env["COURSE_ARGS"] = (f"--epochs 1 --max-steps 4 --checkpoint-every 1 --fault stall --fault-step 2 "
                           f"--fault-seconds 600 --results-dir {out} --run-name requeued")
@@ -228,12 +266,12 @@ def test_a_job_warned_before_its_time_limit_stops_requeues_itself_and_ends_with_
         pytest.fail("Slurm is installed but its controller does not answer; start it: sudo bash .ci/start_slurm.sh")
     partition, node_cpus = default_partition()
     train = "--epochs 2 --max-steps 10 --batch-size 32 --threads 1"
-    env = clean_environment()
+    env = on_cpus()
     env["COURSE_ARGS"] = (f"{train} --fault stall --fault-step 3 --fault-seconds 90 --results-dir {tmp_path} "
                           f"--run-name warned --save {tmp_path / 'warned.pt'}")
     folder = tmp_path / "checkpoints" / "warned"
     env["COURSE_CHECKPOINT_DIR"] = str(folder)
-    result = subprocess.run(["sbatch", "--parsable", f"--partition={partition}", "--gres=none", "--mem=0",
+    result = subprocess.run(["sbatch", "--parsable", f"--partition={partition}", "--mem=0",
                              f"--cpus-per-task={min(2, node_cpus)}", "--time=3", "--signal=B:USR1@90",
                              "--job-name=test-warned", f"--output={tmp_path}/warned.out", "job_scripts/04_ddp.sbatch"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=60)

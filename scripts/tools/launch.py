@@ -3,6 +3,7 @@
 
     python scripts/tools/launch.py [--dry-run] [--nproc-per-node N] [--gpus-per-process K] [--max-restarts K]
                              [--port P] SCRIPT [ARGS...]
+    python scripts/tools/launch.py --check-gpus     (the JupyterLab jobs: the GPU check alone)
 
 Run it once per node of a job (PBS: `pbsdsh` in job_scripts/04_ddp_2nodes.pbs;
 Slurm: `srun --ntasks-per-node=1` in job_scripts/*.sbatch). It derives what torchrun
@@ -602,9 +603,13 @@ def parse_args(argv):
                         help="rendezvous port on the first host (default: derived from the job id)")
     parser.add_argument("--join-timeout", type=int, default=DEFAULT_JOIN_TIMEOUT, metavar="S",
                         help=f"seconds to wait for every node to join (default {DEFAULT_JOIN_TIMEOUT})")
-    parser.add_argument("script", help="the training script, e.g. scripts/step4_ddp.py")
+    parser.add_argument("--check-gpus", action="store_true",
+                        help="only check that torch sees the GPUs the job was granted here; start nothing")
+    parser.add_argument("script", nargs="?", help="the training script, e.g. scripts/step4_ddp.py")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script unchanged")
     args = parser.parse_args(argv)
+    if args.script is None and not args.check_gpus:
+        parser.error("the training script is missing, e.g. scripts/step4_ddp.py")
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be at least 1")
     if args.gpus_per_process < 1:
@@ -622,6 +627,10 @@ def main(argv=None, env=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
     try:
+        if args.check_gpus:
+            for warning in plan_from_env(env, nproc_per_node=1).warnings:
+                print(f"launch.py: warning: {warning}", file=sys.stderr, flush=True)
+            return 0
         if not os.path.isfile(args.script):
             raise LaunchError(
                 f"no such training script: {args.script} (run from the course directory, e.g. scripts/step4_ddp.py)"
