@@ -124,13 +124,13 @@ GPU_NAME = "Test GPU"
 
 
 def report(rank, host="node-a", local_rank=None, gpus=0, cores=4, granted_gpus=None, granted_from="",
-           cpu_fallback=False, node_rank=0, no_kernels=()):
-    """One rank's report: ``gpus`` GPUs in its view (named by host and index, so two hosts' GPUs differ),
-    ``cores`` CPU cores of its own, the GPUs the scheduler granted on its host."""
+           cpu_fallback=False, node_rank=0, no_kernels=(), scheduler="slurm"):
+    """One rank's report, in a job: ``gpus`` GPUs in its view (named by host and index, so two hosts' GPUs
+    differ), ``cores`` CPU cores of its own, the GPUs the scheduler granted on its host."""
     local_rank = rank if local_rank is None else local_rank
     seen = [(GPU_NAME, "9.0", f"GPU-{host}-{index}") for index in range(gpus)]
     return doctor.Report(rank, local_rank, 2, node_rank, host, None, seen, list(no_kernels), list(range(cores)),
-                         cores, "", granted_gpus, granted_from, cpu_fallback, 1, "127.0.0.1 (lo)", None,
+                         cores, "", scheduler, granted_gpus, granted_from, cpu_fallback, 1, "127.0.0.1 (lo)", None,
                          "localhost -> 127.0.0.1 via lo")
 
 
@@ -186,8 +186,8 @@ def test_gpus_granted_but_unused_name_the_host_the_grant_and_the_fix():
     ("one process per GPU granted", [report(0, gpus=2, granted_gpus=2), report(1, gpus=2, granted_gpus=2)]),
     ("nothing says what was granted", [report(0, gpus=2)]),
     ("no GPU granted", [report(0, gpus=2, granted_gpus=0)]),
-    ("torch sees fewer than granted: the driver, which the launcher warns about", [report(0, gpus=1, granted_gpus=2)]),
-    ("torch sees none: not unused but unseen", [report(0, granted_gpus=2, cpu_fallback=True)]),
+    ("torch sees fewer than granted: unseen", [report(0, gpus=1, granted_gpus=2)]),
+    ("torch sees none: unseen", [report(0, granted_gpus=2, cpu_fallback=True)]),
 ])
 def test_gpus_granted_and_used_or_not_seen_are_not_unused(why, reports):
     assert "GPUs granted but unused" not in labels(doctor.diagnose(reports)), why
@@ -202,18 +202,32 @@ def test_gpus_granted_but_unseen_are_a_note_where_the_site_falls_back_to_cpus_an
     assert doctor.diagnose(allowed) == []
     assert doctor.notes(allowed) == [f"{what}running on CPUs (COURSE_CPU_FALLBACK=yes)"]
     assert doctor.notes(refused) == [] and doctor.diagnose(refused) == [
-        f"{what}check the driver and the torch build (README: Which CUDA build), or let jobs run on CPUs instead: "
-        "COURSE_CPU_FALLBACK=yes in job_scripts/site.sh"]
+        f"{what}check the driver and the torch build (README: Which CUDA build); a site without GPUs allows CPUs "
+        "instead: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh"]
 
 
-@pytest.mark.parametrize("env, granted", [
-    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-a", "SLURM_GPUS_ON_NODE": "2"}, (2, "SLURM_GPUS_ON_NODE=2")),
-    ({"PBS_JOBID": "7.pbs", "NGPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, (1, "CUDA_VISIBLE_DEVICES=0")),
-    ({"PBS_JOBID": "7.pbs", "NGPUS": "2"}, (2, "NGPUS=2")),
-    ({}, (None, "")),
+def test_gpus_granted_and_partly_seen_fail_the_job_even_where_the_site_falls_back_to_cpus():
+    """As the launcher: a partial view stops the job; the fall-back is for a node that sees none."""
+    reports = [report(0, gpus=1, granted_gpus=2, granted_from="SLURM_GPUS_ON_NODE=2", cpu_fallback=True)]
+    assert doctor.notes(reports) == [] and doctor.diagnose(reports) == [
+        "GPUs granted but unseen: node-a was granted 2 GPU(s) (SLURM_GPUS_ON_NODE=2) but torch sees 1: check "
+        "`nvidia-smi` and CUDA_VISIBLE_DEVICES on that host"]
+
+
+def test_gpus_unseen_outside_a_scheduler_are_not_a_grant_the_launcher_checks():
+    reports = [report(0, granted_gpus=2, granted_from="CUDA_VISIBLE_DEVICES=0,1", scheduler="none")]
+    assert doctor.diagnose(reports) == [] and doctor.notes(reports) == []
+
+
+@pytest.mark.parametrize("env, grant", [
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-a", "SLURM_GPUS_ON_NODE": "2"},
+     ("slurm", 2, "SLURM_GPUS_ON_NODE=2")),
+    ({"PBS_JOBID": "7.pbs", "NGPUS": "2", "CUDA_VISIBLE_DEVICES": "0"}, ("pbs", 1, "CUDA_VISIBLE_DEVICES=0")),
+    ({"PBS_JOBID": "7.pbs", "NGPUS": "2"}, ("pbs", 2, "NGPUS=2")),
+    ({}, ("none", None, "")),
 ])
-def test_each_rank_reads_its_hosts_grant_as_the_launcher_does(env, granted):
-    assert doctor.gpus_granted_here(env) == granted
+def test_each_rank_reads_its_hosts_grant_as_the_launcher_does(env, grant):
+    assert doctor.gpu_grant_here(env) == grant
 
 
 # ---------------------------------------------------------------- placements the doctor accepts
@@ -241,10 +255,11 @@ def test_a_gpu_of_a_supported_architecture_for_each_rank_is_healthy():
 
 @pytest.mark.slow
 def test_gpus_granted_that_torch_cannot_see_are_a_note_where_the_site_falls_back_to_cpus():
-    """CUDA_VISIBLE_DEVICES=0,1 grants 2 GPUs, as the launcher reads it; this machine has none."""
-    done = python_doctor(doctor_env(CUDA_VISIBLE_DEVICES="0,1", COURSE_CPU_FALLBACK="yes"), cores(2))
+    """The CI clusters' case: a Slurm job granted 2 GPUs on this host, which has none."""
+    job = dict(SLURM_JOB_ID="42", SLURM_JOB_NODELIST=HOST, SLURM_GPUS_ON_NODE="2", COURSE_CPU_FALLBACK="yes")
+    done = python_doctor(doctor_env(**job), cores(2))
     found = assert_healthy(done, 1, "GPUs granted but unseen")
-    assert found[0] == (f"GPUs granted but unseen: {HOST} was granted 2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1) but torch "
+    assert found[0] == (f"GPUs granted but unseen: {HOST} was granted 2 GPU(s) (SLURM_GPUS_ON_NODE=2) but torch "
                         "sees none: running on CPUs (COURSE_CPU_FALLBACK=yes)"), found
 
 

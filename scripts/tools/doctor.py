@@ -17,8 +17,9 @@ breaks a job or wastes what it asked for:
   fewer GPUs than ranks        a rank whose local rank has no GPU on its node (cuda:LOCAL_RANK missing)
   GPUs granted but unused      a host's ranks train on fewer GPUs than the job was granted there, and torch
                                sees them all (--nproc-per-node 1 on a 2-GPU grant)
-  GPUs granted but unseen      GPUs granted on a host where torch sees none, which the launcher refuses too;
-                               with COURSE_CPU_FALLBACK=yes (job_scripts/site.sh), a note instead
+  GPUs granted but unseen      a job's GPUs on a host that torch does not see all of, which the launcher
+                               refuses too; where it sees none and the site allows a CPU fall-back
+                               (COURSE_CPU_FALLBACK=yes in job_scripts/site.sh), a note instead
   a host listed twice          the job's host list names a host more than once, or one host runs the
                                ranks of two torchruns (two launchers on one host)
   a host not granted           a rank on a host that is not in the job's PBS_NODEFILE / SLURM_JOB_NODELIST
@@ -29,7 +30,7 @@ and one `note:` line for what only costs speed, or is allowed:
 
   one CPU core per rank        the cores a node's ranks may use, divided by its ranks, is 1 or less (the
                                launcher's own layout on CPU nodes of at most 4 cores)
-  GPUs granted but unseen      as above, where the site lets jobs fall back to CPUs
+  GPUs granted but unseen      torch sees none, and the site lets jobs fall back to CPUs
 
 Then one all_reduce (its sum must be the world size) and a short bandwidth probe across the ranks: an
 all_reduce of --probe-mb MiB, timed on the slowest rank, with NCCL when every rank has a GPU of its own and
@@ -84,6 +85,7 @@ class Report:
     affinity: list  # the CPU cores this process may run on
     usable_cpus: int  # the same, capped by what the scheduler granted (lesson/process.usable_cpus)
     granted_cpus: str  # "NCPUS=2", "SLURM_CPUS_ON_NODE=8", or ""
+    scheduler: str  # "pbs", "slurm" or "none" (tools/launch.detect_scheduler)
     granted_gpus: int | None  # the job's GPUs on this host (tools/launch.granted_gpus); None: nothing says
     granted_gpus_from: str  # "SLURM_GPUS_ON_NODE=2", "CUDA_VISIBLE_DEVICES=0,1", ...
     cpu_fallback: bool  # COURSE_CPU_FALLBACK=yes: the site lets a job granted GPUs it cannot see run on CPUs
@@ -170,17 +172,17 @@ def granted_cpus():
     return ""
 
 
-def gpus_granted_here(env=None):
-    """(GPUs the job was granted on this host, where that was read), as the launcher reads them; (None, "")
-    if nothing says. Read on each host: the scheduler's variables differ between nodes."""
+def gpu_grant_here(env=None):
+    """(the scheduler, GPUs the job was granted on this host, where that was read), as the launcher reads them;
+    the count None if nothing says. Read on each host: the scheduler's variables differ between nodes."""
     env = os.environ if env is None else env
-    _, listed = granted_hosts(env)
+    scheduler, (_, listed) = launch.detect_scheduler(env), granted_hosts(env)
     place = launch.place_of_this_host(listed)
     name = listed[place] if place is not None else socket.gethostname()  # qstat's exec_vnode spells it so
     try:
-        return launch.granted_gpus(env, launch.detect_scheduler(env), name)
+        return scheduler, *launch.granted_gpus(env, scheduler, name)
     except launch.LaunchError as error:
-        return None, f"unreadable ({error})"
+        return scheduler, None, f"unreadable ({error})"
 
 
 def this_rank():
@@ -191,7 +193,7 @@ def this_rank():
     master = describe_address(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), interfaces)
     return Report(rank, local_rank, world_size, int(os.environ.get("GROUP_RANK", rank // local_world_size)), host,
                   os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, no_kernels, sorted(os.sched_getaffinity(0)),
-                  process.usable_cpus(), granted_cpus(), *gpus_granted_here(),
+                  process.usable_cpus(), granted_cpus(), *gpu_grant_here(),
                   os.environ.get("COURSE_CPU_FALLBACK") == "yes", torch.get_num_threads(),
                   gloo_binding(host, interfaces), os.environ.get("NCCL_SOCKET_IFNAME"), master)
 
@@ -283,7 +285,7 @@ def unused_gpus(reports):
     for host, mine in by_host(reports).items():
         granted, source, seen = gpu_grant(mine)
         used = len({r.gpu[2] for r in mine if r.gpu})
-        if granted and seen >= granted and used < granted:  # seen < granted: the driver's problem, not the layout's
+        if granted and seen >= granted and used < granted:  # seen < granted: unseen, not unused
             lines.append(f"GPUs granted but unused: {host} was granted {granted} GPU(s) ({source}) and torch sees "
                          f"{seen}, but its ranks train on only {used} ({ranks_text([r.rank for r in mine])}); start "
                          "one process per GPU (drop --nproc-per-node: the launcher then starts one per GPU granted) "
@@ -292,25 +294,29 @@ def unused_gpus(reports):
 
 
 def granted_unseen(reports):
-    """(what was granted and not seen, whether the site allows a CPU fall-back) for each host granted GPUs where
-    torch sees none."""
+    """(what was granted and not seen, GPUs seen, whether the site's CPU fall-back covers it) for each host where a
+    scheduler granted GPUs that torch does not see all of: the hosts the launcher stops (tools/launch.py)."""
     for host, mine in by_host(reports).items():
         granted, source, seen = gpu_grant(mine)
-        if granted and not seen:
-            yield (f"GPUs granted but unseen: {host} was granted {granted} GPU(s) ({source}) but torch sees none",
-                   all(r.cpu_fallback for r in mine))
+        if granted and seen < granted and all(r.scheduler != "none" for r in mine):
+            yield (f"GPUs granted but unseen: {host} was granted {granted} GPU(s) ({source}) but torch sees "
+                   f"{seen or 'none'}", seen, not seen and all(r.cpu_fallback for r in mine))
 
 
 def unseen_gpus(reports):
-    """The launcher refuses these too, unless the site allows a CPU fall-back."""
-    return [f"{what}: check the driver and the torch build (README: Which CUDA build), or let jobs run on CPUs "
-            "instead: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh"
-            for what, allowed in granted_unseen(reports) if not allowed]
+    lines = []
+    for what, seen, allowed in granted_unseen(reports):
+        if seen:
+            lines.append(f"{what}: check `nvidia-smi` and CUDA_VISIBLE_DEVICES on that host")
+        elif not allowed:
+            lines.append(f"{what}: check the driver and the torch build (README: Which CUDA build); a site without "
+                         "GPUs allows CPUs instead: COURSE_CPU_FALLBACK=yes in job_scripts/site.sh")
+    return lines
 
 
 def cpu_fallbacks(reports):
-    return [f"{what}: running on CPUs (COURSE_CPU_FALLBACK=yes)"
-            for what, allowed in granted_unseen(reports) if allowed]
+    return [f"{what}: running on CPUs (COURSE_CPU_FALLBACK=yes)" for what, _, allowed in granted_unseen(reports)
+            if allowed]
 
 
 def starved_cpus(reports):
