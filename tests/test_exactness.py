@@ -81,20 +81,21 @@ class Stopped(Exception):
     """verify_equivalence.main stopped where its processes would start to compute."""
 
 
-def test_verify_equivalence_applies_it_before_it_computes(from_the_opposite, monkeypatch):
-    """What the flags are when main() sets up its process group, the first thing it does before it trains: the
-    switch runs in the script's own process (each torchrun'd rank), not in whoever launched it."""
-    from demos import verify_equivalence
+def test_every_demo_applies_it_before_its_process_starts(from_the_opposite, monkeypatch):
+    """What the flags are when the demos' one set-up call (verify_equivalence's included) reaches this process's
+    device and process group: the switch runs in the script's own process (each torchrun'd rank), not in whoever
+    launched it."""
+    from demos import runner
 
     seen = []
 
-    def setup(args):
+    def this_process(args):
         seen.append(exactness.math_settings())
         raise Stopped
 
-    monkeypatch.setattr(verify_equivalence.runner, "setup", setup)
+    monkeypatch.setattr(runner.process, "this_process", this_process)
     with pytest.raises(Stopped):
-        verify_equivalence.main(argparse.Namespace())
+        runner.setup(argparse.Namespace())
     assert seen == [exactness.EXACT]
 
 

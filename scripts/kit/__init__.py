@@ -12,4 +12,5 @@ No module here imports ``lesson`` or ``machinery`` (tests/test_layout.py checks 
 - ``precision``: autocast and fp16's gradient scaler; ``learning_rate``: the linear scaling rule and its warm-up;
 - ``launch_checks``: torchrun's variables, gloo's interfaces, a store of its own for each restarted group;
 - ``mfu``: model FLOPs and a device's peak, for MFU.
+- ``exactness``: full FP32 and fixed cuDNN algorithms on a GPU, for the runs compared to 1e-6.
 """
