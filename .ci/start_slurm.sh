@@ -122,13 +122,12 @@ for node in "${NODES[@]}"; do daemon_pidfiles+=("/run/slurmd-course-$node.pid");
 
 # Slurm drops a gpu GRES without device files ("Removing file-less GPU"), so each node's GPUs are
 # empty files standing in for /dev/nvidia0..3. Nothing opens them: with TaskPlugin=task/none, Slurm
-# confines no device; it only counts them and numbers them in CUDA_VISIBLE_DEVICES.
+# confines no device; it only counts them. (slurmd logs "... is not a valid character or block
+# device, fix your gres.conf" for each at its start, and goes on.)
 FAKE_GPU_DIR=$STATE/fake-gpus
 new_gres_conf=$(printf '%s\n' "$MARKER" \
     "NodeName=${NODES[0]} Name=gpu File=$FAKE_GPU_DIR/nvidia[0-$((GPUS_PER_NODE - 1))]" \
     "NodeName=${NODES[1]} Name=gpu File=$FAKE_GPU_DIR/nvidia[0-$((GPUS_PER_NODE - 1))]")
-mkdir -p "$FAKE_GPU_DIR"
-for ((gpu = 0; gpu < GPUS_PER_NODE; gpu++)); do touch "$FAKE_GPU_DIR/nvidia$gpu"; done
 
 if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]] ||
     [[ ! -e $GRES_CONF ]] || [[ "$(cat "$GRES_CONF")" != "$new_gres_conf" ]]; then
@@ -147,6 +146,9 @@ if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]] ||
     printf '%s\n' "$new_gres_conf" > "$GRES_CONF"
     say "wrote $CONF and $GRES_CONF"
 fi
+for ((gpu = 0; gpu < GPUS_PER_NODE; gpu++)); do
+    [[ -e $FAKE_GPU_DIR/nvidia$gpu ]] || { mkdir -p "$FAKE_GPU_DIR" && touch "$FAKE_GPU_DIR/nvidia$gpu"; }
+done
 
 # ---------------------------------------------------------------- daemons
 mkdir -p "$STATE/ctld" "$LOGS"

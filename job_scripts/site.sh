@@ -48,7 +48,7 @@
 # build, a module not loaded) stops before training, with one line that names the likely
 # cause. "yes" runs it on CPUs instead, with the same processes, and its log says so: for a
 # site (or a test cluster) that grants GPUs it does not have. Never "yes" on GPU nodes.
-: "${COURSE_CPU_FALLBACK=no}"
+: "${COURSE_CPU_FALLBACK:=no}"
 export COURSE_CPU_FALLBACK  # read by scripts/tools/launch.py on every node
 
 # For your site, in each job (or on the qsub / sbatch line, which overrides the job):

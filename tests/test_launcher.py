@@ -28,13 +28,13 @@ SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 @pytest.fixture(autouse=True)
 def no_gpus_here(monkeypatch):
     """Whatever this machine has, the launcher sees no GPU and no PBS server unless a test says so."""
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: 0)
     monkeypatch.setattr(launch, "pbs_job_gpus", lambda job_id, host: None)
 
 
 def torch_sees(monkeypatch, gpus):
     """A GPU node: torch sees this many GPUs (it honours CUDA_VISIBLE_DEVICES)."""
-    monkeypatch.setattr(launch, "visible_gpus", lambda: gpus)
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: gpus)
 
 
 def nodefile(tmp_path, *lines):
@@ -164,7 +164,7 @@ def test_cuda_visible_devices_counted_as_cuda_reads_it(value, count):
 
 
 def test_gpus_from_cuda_visible_devices_not_from_the_node(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 2)  # torch honours CUDA_VISIBLE_DEVICES
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: 2)  # torch honours CUDA_VISIBLE_DEVICES
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "CUDA_VISIBLE_DEVICES": "4,5",
            "NCPUS": "16"}
     plan = launch.plan_from_env(env)
@@ -199,7 +199,7 @@ def test_gpus_from_the_pbs_jobs_resources(tmp_path, monkeypatch):
 
 
 def test_a_warning_when_torch_sees_more_gpus_than_granted(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 8)
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: 8)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "2"}
     plan = launch.plan_from_env(env)
     assert plan.nproc_per_node == 2
@@ -207,7 +207,7 @@ def test_a_warning_when_torch_sees_more_gpus_than_granted(tmp_path, monkeypatch)
 
 
 def test_gpus_the_job_does_not_account_for_are_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 4)
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: 4)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NCPUS": "16"}
     with pytest.raises(launch.LaunchError, match="torch sees 4 GPU.*nothing says how many.*--nproc-per-node N"):
         launch.plan_from_env(env)
@@ -215,7 +215,7 @@ def test_gpus_the_job_does_not_account_for_are_an_error(tmp_path, monkeypatch):
 
 
 def test_without_a_scheduler_every_gpu_in_view_is_used(monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 3)
+    monkeypatch.setattr(launch, "visible_gpus", lambda ask_torch=False: 3)
     assert launch.plan_from_env({}).nproc_per_node == 3
 
 
@@ -237,9 +237,11 @@ def test_granted_gpus_torch_cannot_see_stop_the_job(requested):
 def test_torch_seeing_fewer_gpus_than_granted_stops_the_job(tmp_path, monkeypatch):
     torch_sees(monkeypatch, 1)
     env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "NGPUS": "2"}
-    with pytest.raises(launch.LaunchError, match=r"granted 2 GPU\(s\) on gpu01 \(NGPUS=2\) but torch sees 1: "
-                                                 r"check `nvidia-smi`"):
-        launch.plan_from_env(env, nproc_per_node=1)
+    for fallback in ("no", "yes"):  # the fall-back is for no GPU at all, not for a partial view
+        partial = r"granted 2 GPU\(s\) on gpu01 \(NGPUS=2\) but torch sees only 1: check `nvidia-smi`"
+        with pytest.raises(launch.LaunchError, match=partial + r".*COURSE_CPU_FALLBACK does not apply") as error:
+            launch.plan_from_env({**env, "COURSE_CPU_FALLBACK": fallback}, nproc_per_node=1)
+        assert "COURSE_CPU_FALLBACK=yes" not in str(error.value)
 
 
 def test_the_site_may_allow_cpus_instead_and_the_job_says_so(tmp_path):
@@ -257,8 +259,38 @@ def test_the_fall_back_switch_takes_yes_or_no():
         launch.plan_from_env({**GRANTED_TWO, "COURSE_CPU_FALLBACK": "true"})
 
 
-def test_without_a_scheduler_nothing_was_granted():
-    assert launch.plan_from_env({"CUDA_VISIBLE_DEVICES": "0,1"}, nproc_per_node=2).warnings == []
+@pytest.mark.parametrize("env", [
+    {"CUDA_VISIBLE_DEVICES": "0,1"},  # no scheduler: nothing was granted
+    {"SLURM_JOB_ID": "31", "SLURM_JOB_NODELIST": "cpu01", "CUDA_VISIBLE_DEVICES": "0,1"},  # inherited by sbatch
+])
+def test_a_cuda_visible_devices_torch_does_not_see_is_a_warning_not_a_grant(env):
+    plan = launch.plan_from_env(env, nproc_per_node=2)
+    assert plan.warnings == ["CUDA_VISIBLE_DEVICES=0,1 names 2 GPU(s) but torch sees none: check `nvidia-smi`"]
+
+
+def test_two_gpus_per_process_on_cpus_needs_two_granted_as_on_gpus():
+    with pytest.raises(launch.LaunchError, match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node "
+                                                 r"was granted 1"):
+        launch.plan_from_env({**GRANTED_TWO, "SLURM_GPUS_ON_NODE": "1", "COURSE_CPU_FALLBACK": "yes"},
+                             gpus_per_process=2)
+
+
+def test_a_cuda_visible_devices_that_hides_every_gpu_is_named_as_the_cause():
+    assert launch.why_torch_sees_no_gpu({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}).startswith(
+        "CUDA_VISIBLE_DEVICES=NoDevFiles hides every GPU")
+
+
+def test_qstat_from_the_pbs_configuration_where_path_lacks_it(tmp_path, monkeypatch):
+    """A pbsdsh task starts with PATH=/bin:/usr/bin: qstat from PBS_EXEC, as /etc/pbs.conf names it."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (tmp_path / "pbs" / "bin").mkdir(parents=True)
+    qstat = tmp_path / "pbs" / "bin" / "qstat"
+    qstat.write_text("#!/bin/sh\n")
+    qstat.chmod(0o755)
+    conf = tmp_path / "pbs.conf"
+    conf.write_text(f"PBS_SERVER=head\nPBS_EXEC={tmp_path / 'pbs'}\n")
+    assert launch.pbs_command("qstat", {"PBS_CONF_FILE": str(conf)}) == str(qstat)
+    assert launch.pbs_command("qstat", {"PBS_CONF_FILE": str(tmp_path / "missing")}) is None
 
 
 def test_the_gpu_check_alone_for_the_jupyterlab_jobs(capsys):

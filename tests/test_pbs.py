@@ -642,8 +642,8 @@ def logs_of(course, name):
 def stopped_jobs(pbs, course, tmp_path_factory):
     """Two jobs at once, and the reference run meanwhile:
 
-    - "walltime": 04_ddp.pbs with a walltime of 2 minutes, on the PBS server's host (this vanilla PBS takes
-      jobs only from there, as flatuid is off, and the job submits its follow-up itself). Rank 0 stalls 30 s
+    - "walltime": 04_ddp.pbs with a walltime of 2 minutes, on the PBS server's host (this PBS takes jobs only
+      from there, as flatuid is off, and the job submits its follow-up itself). Rank 0 stalls 30 s
       after step 3, as a slow step would: two more such steps and the 35 s kept free (--stop-margin) cannot
       fit before the walltime, whatever the machine's speed, so the run stops after step 4 with a checkpoint,
       and the job submits its follow-up, which finishes the run (on a loaded machine a follow-up may run out

@@ -3,15 +3,15 @@ Kit: a learner may skip this module (notebook 02 says what it is for).
 
 On a GPU, PyTorch's defaults let cuDNN run FP32 convolutions in TF32, which keeps 10 bits of mantissa, and use
 algorithms whose sums may run in another order from one call to the next; ``torch.backends.cudnn.benchmark = True``,
-where something sets it, also lets cuDNN pick each algorithm by timing the candidates. Any of them can move
+where something sets it, also lets cuDNN pick each algorithm by timing the candidates. Any of them may move
 results past the 1e-6 that demos/verify_equivalence.py (notebook 02) allows. ``exact_math()`` turns them all off
 in the process that calls it; ``math_settings()`` reads the flags back, for records and checks. On a CPU the flags
 change nothing (they govern cuBLAS and cuDNN only); they are set and read there all the same.
 
 ``torch.use_deterministic_algorithms(True)`` is not set: the checks compare to 1e-6, not bit for bit;
-``cudnn.deterministic`` already fixes the convolutions, the Net's only cuDNN operations; and the global switch
-raises on every operation without a deterministic CUDA kernel (its documentation lists them). torch 2.14 no
-longer asks for CUBLAS_WORKSPACE_CONFIG with it.
+``cudnn.deterministic`` already fixes cuDNN's convolutions; and the global switch raises on every operation
+without a deterministic CUDA kernel (its documentation lists them), NLLLoss among them, which the Net's
+cross_entropy calls. torch 2.14 no longer asks for CUBLAS_WORKSPACE_CONFIG with it.
 """
 import torch
 
@@ -34,9 +34,9 @@ def exact_math():
     # TF32: https://docs.pytorch.org/docs/stable/notes/numerical_accuracy.html#tensorfloat-32-tf32-on-nvidia-ampere-and-later-devices
     # and https://docs.pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices.
     # torch 2.9 and later prefer the per-operator fp32_precision ("ieee": FP32 inside the kernel too) and say the
-    # allow_tf32 flags are "going to be deprecated"; they do not support a mix of the two, and reading allow_tf32
-    # after the newer API alone raises. kit/mfu.py reads allow_tf32 for every run's record, so both are set, the
-    # older first (setting it resets the per-operator values), and both read False/"ieee".
+    # allow_tf32 flags are "going to be deprecated"; they do not support a mix of the two, and reading cuDNN's
+    # allow_tf32 after the newer API alone raises. kit/mfu.py reads allow_tf32 for every run's record, so both are
+    # set, the older first (setting it resets the per-operator values), and both read False/"ieee".
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS: already False by default since torch 1.12
     torch.backends.cudnn.allow_tf32 = False  # cuDNN: True by default, so convolutions run in TF32 on Ampere+
     torch.backends.cuda.matmul.fp32_precision = "ieee"

@@ -25,9 +25,9 @@ needs from what the scheduler granted the job:
                   one process per CPU granted (NCPUS, SLURM_CPUS_ON_NODE), at most 4.
                   --gpus-per-process K (a model that spans K GPUs per process, as in
                   step6_model_parallel.py): one process per K GPUs granted.
-  GPUs unseen     GPUs granted on this node that torch cannot see stop the job here, on
-                  every node, in one line that names the likely cause: never a silent run
-                  on CPUs. A site without GPUs whose jobs still ask for them allows the
+  GPUs unseen     GPUs the scheduler granted on this node that torch cannot see stop the
+                  job here, on every node, in one line that names the likely cause: never
+                  a silent run on CPUs. A site without GPUs whose jobs still ask for them allows the
                   fall-back in job_scripts/site.sh (COURSE_CPU_FALLBACK=yes): the same
                   processes then run on CPUs, and the log says so in one line.
   rendezvous      c10d on the first host, at a port computed from the job id (every node
@@ -276,12 +276,13 @@ def nvidia_driver_lists_gpus():
     return os.path.isdir(NVIDIA_GPUS) and bool(os.listdir(NVIDIA_GPUS))
 
 
-def visible_gpus():
+def visible_gpus(ask_torch=False):
     """GPUs torch can see here (it honours CUDA_VISIBLE_DEVICES).
 
-    Importing torch takes seconds, so it is skipped where the NVIDIA driver lists no GPU.
+    Importing torch takes seconds, so it is skipped where the NVIDIA driver lists no GPU, unless
+    ``ask_torch``: a job granted GPUs asks torch itself (a ROCm build or a container has no such list).
     """
-    if not nvidia_driver_lists_gpus():
+    if not ask_torch and not nvidia_driver_lists_gpus():
         return 0
     try:
         import torch
@@ -321,9 +322,27 @@ def exec_vnode_gpus(exec_vnode, hosts):
     return total if named else None
 
 
+def pbs_command(name, env=None):
+    """A PBS client command: on PATH, else in PBS_EXEC's bin/ (a pbsdsh task starts with PATH=/bin:/usr/bin);
+    PBS_EXEC from the environment or the PBS configuration file, /etc/pbs.conf unless PBS_CONF_FILE says."""
+    env = os.environ if env is None else env
+    found = shutil.which(name)
+    if found:
+        return found
+    exec_dir = env.get("PBS_EXEC")
+    if not exec_dir:
+        try:
+            with open(env.get("PBS_CONF_FILE", "/etc/pbs.conf")) as conf:
+                exec_dir = next((line.split("=", 1)[1].strip() for line in conf if line.startswith("PBS_EXEC=")), None)
+        except OSError:
+            return None
+    path = os.path.join(exec_dir, "bin", name) if exec_dir else None
+    return path if path and os.access(path, os.X_OK) else None
+
+
 def pbs_job_gpus(job_id, host):
     """The job's ngpus on this host, as the PBS server granted it (qstat -f), or None."""
-    qstat = shutil.which("qstat")
+    qstat = pbs_command("qstat")
     if not qstat or not job_id:
         return None
     try:
@@ -359,12 +378,17 @@ def cpus_here(env, scheduler):
     return cores, f"{cores} cores"
 
 
-def why_torch_sees_no_gpu():
+def why_torch_sees_no_gpu(env=None):
     """The likely reason torch sees no GPU on a GPU node, and its fix, in a few words."""
+    env = os.environ if env is None else env
     try:
         import torch
     except ImportError:
         return "python cannot import torch: check the environment job_scripts/site.sh sets up"
+    hidden = env.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and count_cuda_visible_devices(hidden) == 0:
+        return (f"CUDA_VISIBLE_DEVICES={hidden or '(empty)'} hides every GPU: unset it, or ask your site why the job "
+                "has it")
     if torch.version.cuda is None:
         return (f"this torch ({torch.__version__}) is a CPU-only build: install a CUDA build in the job's environment "
                 "(README: Which CUDA build)")
@@ -383,31 +407,41 @@ def cpu_fallback_allowed(env):
 
 
 def check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warnings):
-    """Stop where the job was granted GPUs that torch cannot see; the site may allow CPUs instead.
+    """Stop where the scheduler granted GPUs that torch cannot see; the site may allow CPUs instead.
 
-    True when the run goes on on CPUs. A partial view (torch sees some, not all) always stops.
+    True when the run goes on on CPUs. A partial view (torch sees some, not all) always stops. Only the
+    scheduler's own word is a grant here: a CUDA_VISIBLE_DEVICES may be inherited from the submitting shell,
+    so a count from it that torch does not see is a warning.
     """
-    if scheduler == "none" or not granted or seen >= granted:
+    if not granted or seen >= granted:
         return False
     what = f"the job was granted {granted} GPU(s) on {host} ({source}) but torch sees"
-    if seen == 0 and cpu_fallback_allowed(env):
+    if scheduler == "none" or source.startswith("CUDA_VISIBLE_DEVICES"):
+        warnings.append(f"{source} names {granted} GPU(s) but torch sees {seen or 'none'}: check `nvidia-smi`")
+        return False
+    if seen:
+        raise LaunchError(f"{what} only {seen}: check `nvidia-smi` and CUDA_VISIBLE_DEVICES on this node (a GPU in a "
+                          f"bad state, MIG); {CPU_FALLBACK} does not apply to a partial view")
+    if cpu_fallback_allowed(env):
         warnings.append(f"{what} none: running on CPUs, as {CPU_FALLBACK}=yes in job_scripts/site.sh allows")
         return True
-    cause = why_torch_sees_no_gpu() if seen == 0 else "check `nvidia-smi` and CUDA_VISIBLE_DEVICES on this node"
-    raise LaunchError(f"{what} {seen or 'none'}: {cause}. A site without GPUs: {CPU_FALLBACK}=yes in "
-                      "job_scripts/site.sh, or submit without the GPU request (qsub -l select=1:ncpus=4:mem=8gb ..., "
-                      "sbatch --gres=none ...)")
+    raise LaunchError(f"{what} none: {why_torch_sees_no_gpu(env)}. A site without GPUs: {CPU_FALLBACK}=yes in "
+                      "job_scripts/site.sh, or submit without the GPU request (PBS: the job's select without ngpus; "
+                      "Slurm: --gres=none)")
 
 
 def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_process=1):
     granted, source = granted_gpus(env, scheduler, host)
-    seen = visible_gpus()
+    seen = visible_gpus(ask_torch=bool(granted))
     on_cpus = check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warnings)
     if requested is not None:
         return requested, "--nproc-per-node"
     if on_cpus:  # the layout the GPUs would have had, so the job runs as it would on them
+        if granted < gpus_per_process:
+            raise LaunchError(f"each process needs {gpus_per_process} GPUs (--gpus-per-process) and this node was "
+                              f"granted {granted} ({source}); ask the job for {gpus_per_process} or more")
         per_gpus = f"one per {gpus_per_process} GPUs" if gpus_per_process > 1 else "one per GPU"
-        return max(1, granted // gpus_per_process), f"{per_gpus} granted, on CPUs: {source}"
+        return granted // gpus_per_process, f"{per_gpus} granted, on CPUs: {source}"
     if gpus_per_process > 1 and (granted or seen):  # a model whose replica spans several GPUs
         gpus = granted or seen
         if gpus < gpus_per_process:
