@@ -214,8 +214,10 @@ def test_gpus_granted_and_partly_seen_fail_the_job_even_where_the_site_falls_bac
         "`nvidia-smi` and CUDA_VISIBLE_DEVICES on that host"]
 
 
-def test_gpus_unseen_outside_a_scheduler_are_not_a_grant_the_launcher_checks():
-    reports = [report(0, granted_gpus=2, granted_from="CUDA_VISIBLE_DEVICES=0,1", scheduler="none")]
+@pytest.mark.parametrize("scheduler", ["none", "slurm"])
+def test_gpus_unseen_outside_a_scheduler_are_not_a_grant_the_launcher_checks(scheduler):
+    """Nor a CUDA_VISIBLE_DEVICES in a job (it may come from the submitting shell): the launcher only warns."""
+    reports = [report(0, granted_gpus=2, granted_from="CUDA_VISIBLE_DEVICES=0,1", scheduler=scheduler)]
     assert doctor.diagnose(reports) == [] and doctor.notes(reports) == []
 
 

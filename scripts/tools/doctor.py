@@ -295,10 +295,12 @@ def unused_gpus(reports):
 
 def granted_unseen(reports):
     """(what was granted and not seen, GPUs seen, whether the site's CPU fall-back covers it) for each host where a
-    scheduler granted GPUs that torch does not see all of: the hosts the launcher stops (tools/launch.py)."""
+    scheduler granted GPUs that torch does not see all of: the hosts the launcher stops (tools/launch.py
+    check_granted_gpus_seen, whose rule this follows: a CUDA_VISIBLE_DEVICES alone is no grant)."""
     for host, mine in by_host(reports).items():
         granted, source, seen = gpu_grant(mine)
-        if granted and seen < granted and all(r.scheduler != "none" for r in mine):
+        by_the_scheduler = all(r.scheduler != "none" for r in mine) and not source.startswith("CUDA_VISIBLE_DEVICES")
+        if granted and seen < granted and by_the_scheduler:
             yield (f"GPUs granted but unseen: {host} was granted {granted} GPU(s) ({source}) but torch sees "
                    f"{seen or 'none'}", seen, not seen and all(r.cpu_fallback for r in mine))
 
