@@ -294,11 +294,13 @@ def test_qstat_from_the_pbs_configuration_where_path_lacks_it(tmp_path, monkeypa
 
 
 def test_the_gpu_check_alone_for_the_jupyterlab_jobs(capsys):
-    assert launch.main(["--check-gpus"], env=GRANTED_TWO) == 2
+    """A one-node job's shell: SLURMD_NODENAME, no SLURM_JOB_NODELIST needed (srun sets that for steps)."""
+    job = {"SLURM_JOB_ID": "31", "SLURMD_NODENAME": "gpu01", "SLURM_GPUS_ON_NODE": "2"}
+    assert launch.main(["--check-gpus"], env=job) == 2
     assert capsys.readouterr().err.startswith("launch.py: error: the job was granted 2 GPU(s) on gpu01 ")
-    assert launch.main(["--check-gpus"], env={**GRANTED_TWO, "COURSE_CPU_FALLBACK": "yes"}) == 0
+    assert launch.main(["--check-gpus"], env={**job, "COURSE_CPU_FALLBACK": "yes"}) == 0
     assert capsys.readouterr().err.startswith("launch.py: warning: the job was granted 2 GPU(s) on gpu01 ")
-    assert launch.main(["--check-gpus"], env={}) == 0 and capsys.readouterr().err == ""
+    assert launch.main(["--check-gpus"], env={"SLURM_JOB_ID": "31"}) == 0 and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("cuda, driver_lists_gpus, cause", [

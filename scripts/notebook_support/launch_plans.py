@@ -25,5 +25,7 @@ def dry_run(**job):
            if not k.startswith(("PBS_", "SLURM_")) and k not in JOB_GPU_AND_CPU_VARIABLES}
     output = python("tools/launch.py", "--max-restarts", 0, "--dry-run", "scripts/tools/doctor.py",
                     env=env | job, echo=False)
-    plan = re.sub(r"^\S+(?= -m torch\.distributed\.run)", "python", output.strip(), flags=re.M)
+    # The launcher's warnings compare the job's GPUs with what torch sees on this machine, which is not the job's node.
+    output = "\n".join(line for line in output.strip().splitlines() if not line.startswith("launch.py: warning:"))
+    plan = re.sub(r"^\S+(?= -m torch\.distributed\.run)", "python", output, flags=re.M)
     return plan, shlex.split(plan[plan.index("python -m"):].replace("\\\n", " "))

@@ -430,6 +430,16 @@ def check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warning
                       "Slurm: --gres=none)")
 
 
+def check_gpus_here(env):
+    """The GPU check alone, on this node of a one-node job (the JupyterLab jobs): its warnings, or LaunchError."""
+    scheduler, host, warnings = detect_scheduler(env), env.get("SLURMD_NODENAME") or socket.gethostname(), []
+    if scheduler == "pbs" and env.get("PBS_NODEFILE"):
+        host = read_nodefile(env["PBS_NODEFILE"])[0]  # as the job's exec_vnode names it
+    granted, source = granted_gpus(env, scheduler, host)
+    check_granted_gpus_seen(env, scheduler, host, granted, source, visible_gpus(ask_torch=bool(granted)), warnings)
+    return warnings
+
+
 def processes_per_node(env, scheduler, host, requested, warnings, gpus_per_process=1):
     granted, source = granted_gpus(env, scheduler, host)
     seen = visible_gpus(ask_torch=bool(granted))
@@ -662,7 +672,7 @@ def main(argv=None, env=None):
     env = os.environ if env is None else env
     try:
         if args.check_gpus:
-            for warning in plan_from_env(env, nproc_per_node=1).warnings:
+            for warning in check_gpus_here(env):
                 print(f"launch.py: warning: {warning}", file=sys.stderr, flush=True)
             return 0
         if not os.path.isfile(args.script):
