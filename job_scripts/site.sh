@@ -53,8 +53,8 @@ export COURSE_CPU_FALLBACK  # read by scripts/tools/launch.py on every node
 
 # For your site, in each job (or on the qsub / sbatch line, which overrides the job):
 # every job asks for the GPUs its step needs: Slurm --gres=gpu:N; PBS ngpus in the select
-# line, the name most PBS sites give their GPU resource (where qsub answers "Unknown
-# resource: ngpus", use your site's name). Where your site asks for more, add it:
+# line, a resource each PBS site defines for itself, often by that name (where qsub answers
+# "Unknown resource: ngpus", use your site's name). Where your site asks for more, add it:
 #   #PBS -l select=1:ncpus=16:mem=32gb:ngpus=2:gpu_model=a100    a GPU model, if it has them
 #   #PBS -q gpu               a queue, where the default one has no GPUs (Slurm: --partition)
 #   #PBS -A my_project        a project or account to charge, where your site asks for one

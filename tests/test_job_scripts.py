@@ -16,7 +16,7 @@ PBS_JOBS = sorted(JOB_SCRIPTS.glob("*.pbs"))
 SLURM_JOBS = sorted(JOB_SCRIPTS.glob("*.sbatch"))
 SHELL_FILES = sorted(JOB_SCRIPTS.iterdir()) + sorted(STAND_INS.iterdir()) + sorted((REPO / ".ci").glob("*.sh"))
 
-# What every PBS knows: in a select chunk, and as a job-wide -l resource; and ngpus, the GPU resource most PBS
+# What every PBS knows: in a select chunk, and as a job-wide -l resource; and ngpus, the GPU resource many PBS
 # sites define (a vanilla PBS does not: CI's defines it, .ci/start_pbs.sh).
 STANDARD_CHUNK = {"ncpus", "mem", "mpiprocs", "ompthreads"}
 GPU_CHUNK = {"ngpus"}
