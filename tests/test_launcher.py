@@ -268,6 +268,15 @@ def test_a_cuda_visible_devices_torch_does_not_see_is_a_warning_not_a_grant(env)
     assert plan.warnings == ["CUDA_VISIBLE_DEVICES=0,1 names 2 GPU(s) but torch sees none: check `nvidia-smi`"]
 
 
+def test_a_cuda_visible_devices_the_scheduler_backs_is_a_grant(tmp_path):
+    """A PBS site that isolates GPUs (its cgroups hook) sets CUDA_VISIBLE_DEVICES as well as granting ngpus."""
+    env = {"PBS_JOBID": "9.srv", "PBS_NODEFILE": nodefile(tmp_path, "gpu01"), "CUDA_VISIBLE_DEVICES": "0,1",
+           "NGPUS": "2"}
+    with pytest.raises(launch.LaunchError, match=r"^the job was granted 2 GPU\(s\) on gpu01 \(NGPUS=2\) but torch "
+                                                 r"sees none: "):
+        launch.plan_from_env(env)
+
+
 def test_two_gpus_per_process_on_cpus_needs_two_granted_as_on_gpus():
     with pytest.raises(launch.LaunchError, match=r"each process needs 2 GPUs \(--gpus-per-process\) and this node "
                                                  r"was granted 1"):

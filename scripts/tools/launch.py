@@ -361,6 +361,14 @@ def granted_gpus(env, scheduler, host):
     if "CUDA_VISIBLE_DEVICES" in env:
         value = env["CUDA_VISIBLE_DEVICES"]
         return count_cuda_visible_devices(value), f"CUDA_VISIBLE_DEVICES={value or '(empty)'}"
+    return scheduler_granted_gpus(env, scheduler, host)
+
+
+def scheduler_granted_gpus(env, scheduler, host):
+    """(GPUs the scheduler itself says it granted on this node, where), or (None, ""): never CUDA_VISIBLE_DEVICES,
+    which a job may inherit from the shell it was submitted from."""
+    if scheduler == "slurm" and int_var(env, "SLURM_GPUS_ON_NODE") is not None:
+        return int_var(env, "SLURM_GPUS_ON_NODE"), f"SLURM_GPUS_ON_NODE={env['SLURM_GPUS_ON_NODE']}"
     if scheduler == "pbs":
         if int_var(env, "NGPUS") is not None:
             return int_var(env, "NGPUS"), f"NGPUS={env['NGPUS']}"
@@ -415,10 +423,13 @@ def check_granted_gpus_seen(env, scheduler, host, granted, source, seen, warning
     """
     if not granted or seen >= granted:
         return False
+    if source.startswith("CUDA_VISIBLE_DEVICES"):  # the grant is the scheduler's word (a PBS cgroup sets both)
+        by_scheduler = scheduler_granted_gpus(env, scheduler, host)
+        if scheduler == "none" or not by_scheduler[0]:
+            warnings.append(f"{source} names {granted} GPU(s) but torch sees {seen or 'none'}: check `nvidia-smi`")
+            return False
+        granted, source = by_scheduler
     what = f"the job was granted {granted} GPU(s) on {host} ({source}) but torch sees"
-    if scheduler == "none" or source.startswith("CUDA_VISIBLE_DEVICES"):
-        warnings.append(f"{source} names {granted} GPU(s) but torch sees {seen or 'none'}: check `nvidia-smi`")
-        return False
     if seen:
         raise LaunchError(f"{what} only {seen}: check `nvidia-smi` and CUDA_VISIBLE_DEVICES on this node (a GPU in a "
                           f"bad state, MIG); {CPU_FALLBACK} does not apply to a partial view")
