@@ -16,7 +16,8 @@ folder, holding everything the next step depends on:
 Rank 0 writes it atomically: into a temporary file in the same folder, flushed and
 fsync'ed, then renamed over the final name with ``os.replace`` (a rename within one
 file system either happens whole or not at all). A crash at any moment leaves the
-previous checkpoint as it was. The newest few are kept.
+previous checkpoint as it was, and a write that fails (a full disk, a quota) removes its
+temporary file before the error goes on. The newest few are kept.
 
 Every rank reads it with ``map_location`` set to its own device (a checkpoint written
 on cuda:0 would otherwise load onto cuda:0 in every process) and ``weights_only=True``
@@ -25,12 +26,14 @@ on cuda:0 would otherwise load onto cuda:0 in every process) and ``weights_only=
 import io
 import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
 import torch
 
 from .errors import CourseError, first_line
+from .output_paths import display_path
 
 FORMAT = "ddp-course checkpoint 1"
 NAME = re.compile(r"checkpoint-(\d{8})\.pt")
@@ -59,11 +62,15 @@ def write_atomically(state, path):
     path = Path(path)
     data = serialize(state)
     temporary = temporary_path(path)
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())  # the bytes are on disk before the name points at them
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on disk before the name points at them
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a half-written file would keep a full disk full
+        raise
     sync_folder(path.parent)  # and the rename itself survives a power cut
 
 
@@ -90,11 +97,55 @@ def sync_folder(folder):
 
 
 def prune(folder, keep):
-    """Delete all but the newest ``keep`` checkpoints, and temporary files of crashed writes."""
+    """Delete all but the newest ``keep`` checkpoints."""
     for path in checkpoints_in(folder)[:-keep]:
         path.unlink(missing_ok=True)
+
+
+def remove_partials(folder):
+    """Delete the temporary files that writers killed mid-write left (``--fault crash-in-save``, a node lost).
+    Called by the run that holds the folder (machinery/folder_lock.py): no other writer can be at work there."""
     for partial in Path(folder).glob(".checkpoint-*.partial-*"):
         partial.unlink(missing_ok=True)
+
+
+# Copies of the weights a checkpoint holds: the weights, and the optimizer's state per parameter (Adam and
+# Adadelta keep two tensors per parameter, SGD with momentum one).
+COPIES = {"adam": 3, "adadelta": 3, "sgd": 2}
+
+
+def estimated_bytes(model, optimizer):
+    """What a checkpoint of ``model`` trained with ``optimizer`` (its name) needs at least on disk."""
+    weights = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    return COPIES.get(optimizer, 3) * weights
+
+
+def megabytes(count):
+    return f"{count / 2**20:,.1f} MiB"
+
+
+def check_room(folder, needed):
+    """Stop before training when ``folder`` has less free space than one checkpoint needs."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise CourseError(f"--checkpoint-dir {display_path(folder)} has {megabytes(free)} free, and a checkpoint of "
+                          f"this run needs at least {megabytes(needed)}: put --checkpoint-dir on a file system with "
+                          f"room (a scratch folder), or free space there")
+
+
+def write_failed(error, path, needed, keep):
+    """The one line for a checkpoint that could not be written (no space, a quota, any OS error)."""
+    folder = Path(path).parent
+    try:
+        free = megabytes(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown space"
+    newest = checkpoints_in(folder)
+    resume = f"the newest, {newest[-1].name}, is the one to resume from" if newest else "no earlier one is there"
+    return CourseError(f"could not write checkpoint {path.name} into {display_path(folder)} "
+                       f"({error.strerror or error}): it needs {megabytes(needed)} and {free} is free there; put "
+                       f"--checkpoint-dir on a file system with room (a scratch folder) or keep fewer "
+                       f"(--keep-checkpoints, now {keep}). Nothing of it was left; {resume}")
 
 
 def read(path, device):

@@ -93,6 +93,7 @@ class Trainer:
         self.epoch, self.batches_done, self.global_step = 1, 0, 0  # where the run stands
         self.started = False
         self.loss_sum, self.samples = 0.0, 0  # this rank's, over the epoch so far
+        self.step_loss = None  # this rank's summed loss of the last step, on its device
         torch.manual_seed(args.seed + runtime.rank)  # each rank its own dropout masks
         self.test_set = TestSet(test_set, runtime)
 
@@ -116,21 +117,22 @@ class Trainer:
         """This rank's batches of one epoch (less those a resumed run trained already), then evaluation."""
         self.epoch, self.epoch_batches = epoch, batches_per_epoch(self.batches, self.args)
         self.notify("on_epoch_start")
-        started = time.perf_counter()
+        started, samples_before = time.perf_counter(), self.samples  # a resumed epoch's first part was trained before
         self.model.train()
         batches = self.batches.iterate(self.batches_done, seed=epoch_seed(self.args.seed, epoch, self.runtime.rank))
         for group in in_groups(batches, self.args.accumulate):
             group = [(x.to(self.runtime.device, non_blocking=True), y.to(self.runtime.device, non_blocking=True))
                      for x, y in group[: self.epoch_batches - self.batches_done]]
             self.notify("on_step_start")
-            self.loss_sum += self.step(group)
+            self.step_loss = self.step(group)
+            self.loss_sum += self.step_loss
             self.samples += sum(len(labels) for _, labels in group)
             self.batches_done += len(group)
             self.global_step += 1
             self.notify("on_step_end")
             if self.batches_done >= self.epoch_batches:
                 break
-        self.end_epoch(epoch, started)
+        self.end_epoch(epoch, started, samples_before)
 
     def step(self, group):
         """One optimizer step over a group of batches (``--accumulate`` of them); returns their summed loss.
@@ -155,13 +157,16 @@ class Trainer:
         self.scheduler.step()
         return loss_sum
 
-    def end_epoch(self, epoch, started):
-        """The epoch's loss and samples summed over ranks, exact evaluation, then the callbacks."""
+    def end_epoch(self, epoch, started, samples_before):
+        """The epoch's loss and samples summed over ranks, exact evaluation, then the callbacks. ``seconds`` is the
+        time this process trained the epoch, and ``trained_samples`` the samples it trained in them (a resumed
+        epoch's ``samples`` count those trained before the resume too)."""
         self.notify("on_evaluation_start")
-        loss_sum, samples = sum_over_ranks([float(self.loss_sum), self.samples], self.runtime)
+        loss_sum, samples, trained = sum_over_ranks([float(self.loss_sum), self.samples, self.samples - samples_before],
+                                                    self.runtime)
         synchronize(self.runtime.device)
         metrics = {"epoch": epoch, "train_loss": loss_sum / samples, "samples": int(samples),
-                   "seconds": time.perf_counter() - started,
+                   "trained_samples": int(trained), "seconds": time.perf_counter() - started,
                    **evaluate(self.model, self.test_set, self.runtime, self.args.eval_batch_size),
                    "first_indices": self.batches.order[:8].tolist()}  # rank 0's data order, to check set_epoch
         self.epoch, self.batches_done, self.loss_sum, self.samples = epoch + 1, 0, 0.0, 0

@@ -89,6 +89,9 @@ def build_parser(description):
     train.add_argument("--max-steps", type=positive_int, default=None,
                        help="stop each epoch after this many steps (for short runs)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--train-through-nan", action="store_true",
+                       help="train on when the loss becomes NaN or infinite, to watch a divergence (by default every "
+                            "rank stops after that step with one line); checkpoints of it are never written")
 
     where = parser.add_argument_group("device and processes")
     where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

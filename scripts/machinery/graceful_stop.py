@@ -17,6 +17,9 @@ no rank saves a step the others did not take. The checkpointing callback writes 
 rank 0 leaves a note in the folder (``STOPPED``: the reason and the step, for the job scripts) and prints
 one line, and the process exits: status 0 when the run was asked to stop by its budget or a stop request
 (torchrun must not restart it), 128 + the signal's number after a signal.
+
+The same agreement stops a run whose loss is no longer finite (divergence.py): every rank stops after the same
+step with one line, saving nothing of it, exit status 1.
 """
 import os
 import signal
@@ -27,20 +30,22 @@ import torch
 import torch.distributed as dist
 
 from kit import checkpoints
-from kit.agreement import fail_together
+from kit.agreement import fail_together, gather_from_all_ranks
 from kit.errors import CourseError
 from kit.output_paths import display_path
 from lesson.loop import Callback
 from lesson.models import unwrap
 
+from . import divergence
 from .signals import Stopped, received, set_stuck_after
 from .walltime import clock, job_start
 
 REQUEST_FILE = "STOP"  # in the checkpoint folder: "stop at the next step" (the Slurm jobs write it)
 NOTE_FILE = "STOPPED"  # in the checkpoint folder: "<reason> <step>", written by rank 0 after a stop
 
-# What a rank posts at a step boundary; the largest wins: a signal, then a request, then the budget.
-NOTHING, BUDGET, REQUEST, SIGNAL_BASE = 0, 1, 2, 16
+# What a rank posts at a step boundary; the largest wins: a loss no longer finite (divergence.py), a signal, then
+# a request, then the budget.
+NOTHING, BUDGET, REQUEST, SIGNAL_BASE, NOT_FINITE = 0, 1, 2, 16, 1024
 
 
 def reason_words(code):
@@ -62,7 +67,8 @@ class GracefulStop(Callback):
         self.estimate = 0.0  # seconds a checkpoint would take, measured before the first one
         self.last_boundary = None
         self.first_step = None  # where this run started (a resumed run: the checkpoint's step)
-        self.posted = None  # the all_reduce in flight: (work, tensor, event)
+        self.posted = None  # the all_reduce in flight: (work or event, tensor)
+        self.posted_at = None  # (the step, this rank's loss of it) when it was posted
         self.pending = NOTHING  # an agreed stop that waits for the epoch's end
         set_stuck_after(self.stuck_after)  # what a SIGTERM's alarm waits for (signals.py)
 
@@ -120,19 +126,22 @@ class GracefulStop(Callback):
         self.longest_step = max(self.longest_step, now - self.last_boundary)
         self.last_boundary = now
         code = self.read_agreed()  # what every rank wanted one step ago
+        if code >= NOT_FINITE:
+            self.diverged(trainer)
         if code and trainer.batches_done >= trainer.epoch_batches:
             self.pending = code  # the epoch's last step: stop after its evaluation and checkpoint
         elif code:
             self.stop(trainer, code)
         else:
-            self.post(self.wanted(trainer))
+            self.post(self.wanted(trainer), trainer)
 
     def on_epoch_end(self, trainer, metrics):
         if self.pending and trainer.epoch <= self.args.epochs:  # after the last epoch there is nothing to stop
             self.stop(trainer, self.pending)
 
     def on_train_end(self, trainer):
-        self.read_agreed()  # the last one in flight, so that no collective outlives training
+        if self.read_agreed() >= NOT_FINITE:  # the last one in flight, so that no collective outlives training
+            self.diverged(trainer)
 
     def wanted(self, trainer, before_training=False):
         """What this rank asks for now: a signal it got, a stop request, or the end of its time budget."""
@@ -153,16 +162,19 @@ class GracefulStop(Callback):
 
     # ------------------------------------------------------------ agreeing
 
-    def post(self, code):
-        """Start the all_reduce (MAX) of every rank's wish; ``read_agreed`` collects it at the next boundary."""
-        if not self.runtime.distributed:
-            self.posted = code
-            return
+    def post(self, code, trainer):
+        """Start the all_reduce (MAX) of every rank's wish; ``read_agreed`` collects it at the next boundary.
+        The wish is made on the device, where the step's loss is, so that nothing waits for the GPU: NOT_FINITE
+        if that loss is not finite (unless --train-through-nan)."""
         device = self.runtime.device
         wish = torch.tensor([code], dtype=torch.int32, device=device)
-        work = dist.all_reduce(wish, op=dist.ReduceOp.MAX, async_op=True)
+        if trainer.step_loss is not None and not self.args.train_through_nan:
+            wish = torch.where(trainer.step_loss.isfinite(), wish, NOT_FINITE)
+        self.posted_at = (trainer.global_step, trainer.step_loss)
+        work = dist.all_reduce(wish, op=dist.ReduceOp.MAX, async_op=True) if self.runtime.distributed else None
         if device.type == "cuda":
-            work.wait()  # the stream waits for the collective; the CPU does not
+            if work is not None:
+                work.wait()  # the stream waits for the collective; the CPU does not
             host = torch.empty(1, dtype=torch.int32, pin_memory=True)
             host.copy_(wish, non_blocking=True)
             event = torch.cuda.Event()
@@ -176,12 +188,10 @@ class GracefulStop(Callback):
         posted, self.posted = self.posted, None
         if posted is None:
             return NOTHING
-        if isinstance(posted, int):
-            return posted
         waiter, value = posted
         if isinstance(waiter, torch.cuda.Event):
             waiter.synchronize()
-        else:
+        elif waiter is not None:
             waiter.wait()
         return int(value.item())
 
@@ -195,6 +205,13 @@ class GracefulStop(Callback):
         return self.agreed_code
 
     # ------------------------------------------------------------ stopping
+
+    def diverged(self, trainer):
+        """Some rank's loss was not finite at the step posted last: every rank stops now, saving nothing."""
+        step, loss = self.posted_at
+        losses = gather_from_all_ranks(float(loss))  # only on the way out: which rank's, and what
+        raise divergence.stopped(f"the training loss became {divergence.not_finite(losses)} at step {step}", trainer,
+                                 self.folder)
 
     def stop(self, trainer, code):
         """The checkpoint of this step (unless the checkpointing callback just wrote it), a note for the job,
@@ -232,10 +249,9 @@ class GracefulStop(Callback):
 
 def checkpoint_estimate(trainer, folder):
     """Seconds a checkpoint of this run would take, measured: the model's weights serialized and written
-    (fsync'ed) into the checkpoint folder, times the copies a checkpoint holds (the weights and the optimizer's
-    state per parameter: Adam and Adadelta keep two, SGD with momentum one)."""
+    (fsync'ed) into the checkpoint folder, times the copies a checkpoint holds (checkpoints.COPIES)."""
     model = unwrap(trainer.model)
-    copies = 1 + {"adam": 2, "adadelta": 2, "sgd": 1}.get(trainer.args.optimizer, 2)
+    copies = checkpoints.COPIES.get(trainer.args.optimizer, 3)
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".checkpoint-time-probe-{os.getpid()}"
     started = time.perf_counter()

@@ -105,7 +105,7 @@ class RunRecord(Callback):
 
     def on_epoch_end(self, trainer, metrics):
         """The epoch's entry in the record and, on rank 0, its line."""
-        throughput = metrics["samples"] / metrics["seconds"]
+        throughput = metrics["trained_samples"] / metrics["seconds"]  # a resumed epoch: since the resume
         steady = self.steady  # an epoch that ends with the warm-up has no steady samples: no rate, so no MFU
         steady_throughput = steady[0] / steady[1] if steady and steady[0] > 0 and steady[1] > 0 else None
         utilization = mfu.model_flops_utilization(steady_throughput, self.flops_per_sample, self.world_peak)

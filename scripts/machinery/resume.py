@@ -11,7 +11,9 @@ Before the first epoch, every rank together:
 - puts the model, optimizer, schedule, scaler, position and random streams back as saved.
 
 While training: a checkpoint every ``--checkpoint-every`` steps and at every epoch's end, written by
-rank 0 (kit/checkpoints.py) with every rank's random state, through the writer job.py hands it.
+rank 0 (kit/checkpoints.py) with every rank's random state, through the writer job.py hands it. A write that
+fails (a full disk, a quota) stops every rank after that step with one line; one of a loss or of weights that
+are no longer finite is never written (divergence.py).
 """
 import time
 from pathlib import Path
@@ -22,8 +24,10 @@ from kit import checkpoints, launch_checks, output_paths
 from kit.agreement import agree, fail_together, gather_from_all_ranks
 from kit.errors import CourseError
 from kit.output_paths import display_path
-from lesson.loop import Callback
+from lesson.loop import Callback, batches_per_epoch
 from lesson.models import unwrap
+
+from . import divergence
 
 
 class Checkpointing(Callback):
@@ -42,18 +46,20 @@ class Checkpointing(Callback):
 
     def on_train_start(self, trainer):
         self.config = run_config(self.script, trainer)
-        state = self.decide()
+        state = self.decide(checkpoints.estimated_bytes(unwrap(trainer.model), self.args.optimizer))
         if state is not None:
             self.load(trainer, state)
 
-    def decide(self):
-        """The one resume decision, agreed by every rank after the outputs are checked: the state of the
-        checkpoint to resume from, or None to start fresh (a finished run's checkpoints are replaced)."""
+    def decide(self, checkpoint_bytes):
+        """The one resume decision, agreed by every rank after the outputs are checked (a checkpoint of
+        ``checkpoint_bytes`` fits): the state of the checkpoint to resume from, or None to start fresh (a
+        finished run's checkpoints are replaced)."""
         args = self.args
         with fail_together(self.runtime):
             if self.runtime.is_main:  # rank 0 alone writes
                 output_paths.check_folder(args.results_dir, "--results-dir")
                 output_paths.check_folder(self.folder, "--checkpoint-dir")
+                checkpoints.check_room(self.folder, checkpoint_bytes)
                 if args.save:
                     output_paths.check_file(args.save, "--save")
             path, state, stale = self.find_checkpoint()
@@ -158,8 +164,9 @@ class Checkpointing(Callback):
         trainer.loss_sum, trainer.samples = mine["loss_sum"], mine["samples"]
         self.sampler_state = state["sampler_state"]
         self.record.restore(state["history"], state["train_seconds"], resumed_at_step=trainer.global_step)
-        if self.runtime.is_main:
-            where = (f"epoch {trainer.epoch}, {trainer.batches_done} of {len(trainer.batches)} batches done"
+        if self.runtime.is_main:  # of the epoch's batches: --max-steps may end it early
+            epoch_batches = batches_per_epoch(trainer.batches, self.args)
+            where = (f"epoch {trainer.epoch}, {trainer.batches_done} of {epoch_batches} batches done"
                      if trainer.epoch <= self.args.epochs else f"all {trainer.epoch - 1} epochs done")
             print(f"resumed from {display_path(self.folder / checkpoints.file_name(trainer.global_step))}: "
                   f"{where}, step {trainer.global_step}", flush=True)
@@ -187,7 +194,8 @@ class Checkpointing(Callback):
         self.save(trainer)
 
     def save(self, trainer):
-        """Every rank hands rank 0 its random state; rank 0 writes the file atomically. Timed, on every rank."""
+        """Every rank hands rank 0 its random state and loss; rank 0 writes the file atomically, and every rank
+        learns whether it could. Timed, on every rank."""
         started = time.perf_counter()
         self.write_checkpoint(trainer)
         self.longest_save = max(self.longest_save, time.perf_counter() - started)
@@ -197,8 +205,14 @@ class Checkpointing(Callback):
         mine = {"rng": checkpoints.rng_state(self.runtime.device), "loss_sum": float(trainer.loss_sum),
                 "samples": int(trainer.samples)}
         ranks = gather_from_all_ranks(mine)
-        if not self.runtime.is_main:
-            return
+        losses = [rank["loss_sum"] for rank in ranks]  # every rank sees them all: they stop together
+        if not all(map(divergence.is_finite, losses)):
+            return self.refuse(trainer, f"the training loss is not finite ({divergence.not_finite(losses)})")
+        with fail_together(self.runtime):  # a failed write stops every rank after this step, with one line
+            if self.runtime.is_main:
+                self.write_file(trainer, ranks)
+
+    def write_file(self, trainer, ranks):
         state = {
             "format": checkpoints.FORMAT, "config": self.config,
             "model": unwrap(trainer.model).state_dict(), "optimizer": trainer.optimizer.state_dict(),
@@ -207,12 +221,26 @@ class Checkpointing(Callback):
             "finished": trainer.epoch > self.args.epochs, "ranks": ranks, "sampler_state": self.sampler_state,
             "history": self.record.history, "train_seconds": self.record.elapsed(),
         }
+        if not all(bool(tensor.isfinite().all()) for tensor in state["model"].values() if tensor.is_floating_point()):
+            return self.refuse(trainer, "the model's weights are not finite")
         path = self.folder / checkpoints.file_name(trainer.global_step)
-        self.write(state, path)
+        try:
+            self.write(state, path)
+        except OSError as error:
+            raise checkpoints.write_failed(error, path, len(checkpoints.serialize(state)),
+                                           self.args.keep_checkpoints) from None
         checkpoints.prune(self.folder, self.args.keep_checkpoints)
         where = (f"end of epoch {trainer.epoch - 1}" if trainer.batches_done == 0
                  else f"epoch {trainer.epoch}, step {trainer.global_step}")
         print(f"checkpoint {display_path(path)} ({where})", flush=True)
+
+    def refuse(self, trainer, what):
+        """No checkpoint of a diverged run: stop, or with --train-through-nan train on without it."""
+        if not self.args.train_through_nan:
+            raise divergence.stopped(f"{what} at step {trainer.global_step}, where a checkpoint was due", trainer,
+                                     self.folder)
+        if self.runtime.is_main:
+            print(f"checkpoint of step {trainer.global_step} not written: {what} (--train-through-nan)", flush=True)
 
 
 def run_config(script, trainer):
