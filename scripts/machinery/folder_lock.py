@@ -80,8 +80,6 @@ def process_start(pid):
 
 def is_running(holder):
     """Whether the process a lock names still runs on this host."""
-    if holder["pid"] == os.getpid():
-        return False  # an earlier run in this very process (a notebook's kernel): it is over
     try:
         os.kill(holder["pid"], 0)
     except ProcessLookupError:
@@ -95,6 +93,8 @@ def is_running(holder):
 def why_stale(holder, age):
     """Why a lock may be taken over, or None while its holder may still run."""
     if holder["host"] == socket.gethostname():
+        if holder["pid"] == os.getpid():
+            return "an earlier run in this process, which has ended"
         return None if is_running(holder) else f"its process {holder['pid']} has ended"
     if holder.get("job") and holder["job"] == scheduler_job():
         return f"it is this job's ({holder['job']}), from before a restart or requeue"
@@ -118,10 +118,10 @@ class Lock:
                 return  # gone: nothing left to keep alive
 
     def release(self):
-        """Remove the lock, if it is still this run's."""
+        """Remove the lock, if it is still this run's (and this is its process, not a forked DataLoader worker)."""
         self.stopped.set()
         atexit.unregister(self.release)
-        if read(self.path) == self.holder:
+        if os.getpid() == self.holder["pid"] and read(self.path) == self.holder:
             self.path.unlink(missing_ok=True)
 
 
