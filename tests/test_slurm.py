@@ -21,6 +21,7 @@ import pytest
 from cluster_helpers import BATCH_TIMEOUT, JOB_SCRIPTS, REPO, SHORT_RUN, clean_environment, read_record
 from data_makers import write_image_folder, write_resnet18_weights
 from helpers import assert_same_weights, run_torchrun, saved_weights
+from kit import schedulers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BATCH_TIMEOUT), pytest.mark.skipif(
     shutil.which("sbatch") is None,
@@ -252,6 +253,23 @@ def test_a_requeued_job_resumes_from_its_checkpoint(submitted):
     assert log.count("== job ") == 2, log  # --open-mode=append: both runs in one log
     assert "resumed from " in log and "checkpoint-00000002.pt: epoch 1, 2 of" in log, log
     assert read_record(out / "requeued.json")["resumed_at_step"] == 2
+
+
+def test_squeue_tells_a_checkpoint_folders_lock_whether_its_job_has_ended():
+    """A lock left on a checkpoint folder by a job that died is taken over once squeue says the job is over
+    (machinery/folder_lock.py): held while the job is queued, at once after scancel."""
+    result = slurm("sbatch", "--parsable", "--hold", "--job-name=test-lock", "--output=/dev/null", "--wrap=true")
+    assert result.returncode == 0, result.stderr
+    job = f"Slurm {result.stdout.strip().split(';')[0]}"
+    try:
+        assert schedulers.job_ended(job) is False
+    finally:
+        slurm("scancel", job.split()[1])
+    deadline = time.monotonic() + 60
+    while not schedulers.job_ended(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert schedulers.job_ended(job) is True
+    assert schedulers.job_ended("Slurm 999999999") is True  # long gone: "Invalid job id"
 
 
 # ---------------------------------------------------------------- the time limit: warned, stopped, requeued

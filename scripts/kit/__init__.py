@@ -11,6 +11,7 @@ No module here imports ``lesson`` or ``machinery`` (tests/test_layout.py checks 
 - ``more_models`` (with ``sync_batchnorm``): the models beyond the Net, and SyncBatchNorm;
 - ``precision``: autocast and fp16's gradient scaler; ``learning_rate``: the linear scaling rule and its warm-up;
 - ``launch_checks``: torchrun's variables, gloo's interfaces, a store of its own for each restarted group;
-- ``mfu``: model FLOPs and a device's peak, for MFU.
-- ``exactness``: full FP32 and fixed cuDNN algorithms on a GPU, for the runs compared to 1e-6.
+- ``mfu``: model FLOPs and a device's peak, for MFU;
+- ``exactness``: full FP32 and fixed cuDNN algorithms on a GPU, for the runs compared to 1e-6;
+- ``schedulers``: PBS's and Slurm's client commands, and whether a job has ended (no torch).
 """

@@ -8,6 +8,7 @@ one place (``job.py``). Modules here may import ``lesson`` and ``kit``; neither 
 - ``job``: the callbacks every training script hands its Trainer, and how they are wired;
 - ``resume``: when to resume, when to save; ``fault_drills``: make a rank die, exit or stall, crash while
   saving, or signal torchrun, to watch what follows;
+- ``folder_lock``: one run per checkpoint folder; ``divergence``: a loss no longer finite stops the run;
 - ``signals``: what a signal does to this process; ``walltime``: durations and the job's clock;
   ``graceful_stop``: every rank stops after the same step, with a checkpoint of it;
 - ``stragglers``: which rank fell behind when a collective fails;

@@ -15,7 +15,9 @@ left by a run that died (SIGKILL, a lost node) is stale, and the next run takes 
   a torchrun restart that moved rank 0, as a scheduler runs one copy of a job at a time;
 - it names another host and shows no sign of life for ``STALE_AFTER`` seconds: its holder refreshes the
   file's time every ``HEARTBEAT`` seconds from a thread, so a node that died stops refreshing it (this
-  compares the file server's clock with this node's: they agree within seconds where NTP runs).
+  compares the file server's clock with this node's: they agree within seconds where NTP runs);
+- it names another host and a job the scheduler says has ended (qstat, squeue: kit/schedulers.py), such
+  as the job before a resubmitted one, where this node can ask.
 """
 import atexit
 import json
@@ -26,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kit import checkpoints
+from kit import checkpoints, schedulers
 from kit.agreement import fail_together
 from kit.errors import CourseError
 from kit.output_paths import check_folder, display_path
@@ -100,6 +102,8 @@ def why_stale(holder, age):
         return f"it is this job's ({holder['job']}), from before a restart or requeue"
     if age > STALE_AFTER:
         return f"no sign of life from {holder['host']} for {age:.0f} s"
+    if holder.get("job") and schedulers.job_ended(holder["job"]):
+        return f"its job, {holder['job']}, has ended (the scheduler says so)"
     return None
 
 
@@ -190,5 +194,6 @@ def held(folder, holder, age):
     return CourseError(
         f"--checkpoint-dir {display_path(folder)} is in use by another run (pid {holder['pid']} on {holder['host']}"
         f"{job}, since {since}, alive {age:.0f} s ago): wait for it to end, or give this run another "
-        f"--checkpoint-dir. A lock its holder left by dying is taken over at once on the same node, after "
-        f"{STALE_AFTER} s from another node, or delete {display_path(Path(folder) / NAME)} once it has surely ended")
+        f"--checkpoint-dir. A lock its holder left by dying is taken over at once on the same node or once the "
+        f"scheduler says its job ended, else after {STALE_AFTER} s without a sign of life; or delete "
+        f"{display_path(Path(folder) / NAME)} once that run has surely ended")

@@ -60,6 +60,11 @@ import subprocess
 import sys
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the course's kit
+
+from kit.schedulers import pbs_command  # noqa: E402 (after the path)
 
 # Rendezvous ports are 20000-29999: below Linux's ephemeral range (32768-60999), so a
 # port the kernel hands out for an outgoing connection does not collide with ours.
@@ -320,24 +325,6 @@ def exec_vnode_gpus(exec_vnode, hosts):
             if key == "ngpus" and value.isdigit():
                 total, named = total + int(value), True
     return total if named else None
-
-
-def pbs_command(name, env=None):
-    """A PBS client command: on PATH, else in PBS_EXEC's bin/ (a pbsdsh task starts with PATH=/bin:/usr/bin);
-    PBS_EXEC from the environment or the PBS configuration file, /etc/pbs.conf unless PBS_CONF_FILE says."""
-    env = os.environ if env is None else env
-    found = shutil.which(name)
-    if found:
-        return found
-    exec_dir = env.get("PBS_EXEC")
-    if not exec_dir:
-        try:
-            with open(env.get("PBS_CONF_FILE", "/etc/pbs.conf")) as conf:
-                exec_dir = next((line.split("=", 1)[1].strip() for line in conf if line.startswith("PBS_EXEC=")), None)
-        except OSError:
-            return None
-    path = os.path.join(exec_dir, "bin", name) if exec_dir else None
-    return path if path and os.access(path, os.X_OK) else None
 
 
 def pbs_job_gpus(job_id, host):
