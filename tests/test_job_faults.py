@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -39,12 +40,12 @@ def outputs(folder):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 20 MiB file system of its own (tmpfs): one checkpoint of the Net with Adam (13.7 MiB) fits, two do not."""
+    """A 48 MiB file system of its own (tmpfs): room for the 3 checkpoints (13.8 MiB each) of the run below."""
     mount = tmp_path / "small"
     mount.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small file system needs root (CI runs as root)")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True,
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True,
                              text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
@@ -54,22 +55,28 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_stops_every_rank_with_one_line_and_leaves_nothing_behind(small_disk):
-    """Step 2's checkpoint fits, step 4's does not: every rank stops after step 4 with the same line, the partial
-    file is gone, and step 2's checkpoint is the one to resume from. A run that starts on the full disk stops
-    before training."""
+    """The drill fills the file system just before step 4's checkpoint, as another job's output would: every rank
+    stops after step 4 with the same line, nothing of the write is left, and step 2's checkpoint is the one to
+    resume from. Then a run whose checkpoints cannot fit stops before training."""
     folder = small_disk / "run"
-    done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-every", 2, *outputs(folder), timeout=180)
+    done = run_torchrun("step4_ddp.py", *SHORT, "--checkpoint-every", 2, *outputs(folder),
+                        "--fault", "disk-full", "--fault-step", 3, timeout=180)
+    assert "fault drill: rank 0 fills the file system of " in done.stdout
     assert_one_line_error(done, "could not write checkpoint checkpoint-00000004.pt into ",
-                          "(No space left on device): it needs 13.", "--keep-checkpoints, now 3",
+                          "(No space left on device): it needs about 13.7 MiB and 0.0 MiB is free there",
                           "Nothing of it was left; the newest, checkpoint-00000002.pt, is the one to resume from")
     assert len(set(error_lines(done))) == 1 and len(error_lines(done)) == 2, done.stderr  # every rank, one line
     assert "epoch 1/1" not in done.stdout  # it stopped at the step it could not save
-    assert sorted(path.name for path in folder.iterdir()) == ["checkpoint-00000002.pt"]  # no partial, no lock
+    # No partial file, no lock, and the drill's filler gone with its process.
+    assert sorted(path.name for path in folder.iterdir()) == ["checkpoint-00000002.pt"]
     assert checkpoints.read(folder / "checkpoint-00000002.pt", "cpu")["global_step"] == 2
 
-    fresh = run_python("step1_baseline.py", *SHORT, *outputs(small_disk / "another"), timeout=120)
-    assert_one_line_error(fresh, "--checkpoint-dir ", " free, and a checkpoint of this run needs at least 13.7 MiB")
-    assert "epoch 1/1" not in fresh.stdout and not checkpoints.checkpoints_in(small_disk / "another")
+    fresh = run_python("step1_baseline.py", *SHORT, "--checkpoint-every", 2, *outputs(small_disk / "another"),
+                       timeout=120)  # 34 MiB free; 3 checkpoints of 13.7 MiB
+    assert_one_line_error(fresh, "--checkpoint-dir ", " free, and this run needs about 41.2 MiB more there: 3 "
+                          "checkpoints of 13.7 MiB at once (those it keeps and the one it writes)",
+                          "keep fewer (--keep-checkpoints, now 3)")
+    assert "epoch 1/1" not in fresh.stdout and not (small_disk / "another" / folder_lock.NAME).exists()
 
 
 # ---------------------------------------------------------------- a loss that blows up
@@ -134,9 +141,10 @@ def test_two_runs_on_one_folder_one_refuses_and_a_killed_runs_follow_up_takes_it
                               "is in use by another run (pid ", "wait for it to end, or give this run another "
                               "--checkpoint-dir")
         assert "epoch 1/1" not in stdout and "checkpoint " not in stdout  # it trained and wrote nothing
-        while not (folder / "checkpoint-00000002.pt").exists() and first_to_end([holder], seconds=0.2) is None:
-            pass
-        assert holder.poll() is None, "the run that holds the folder ended early"
+        deadline = time.monotonic() + 180  # a hang guard: the holder writes it within seconds
+        while not (folder / "checkpoint-00000002.pt").exists() and time.monotonic() < deadline:
+            assert first_to_end([holder], seconds=0.2) is None, "the run that holds the folder ended early"
+        assert (folder / "checkpoint-00000002.pt").exists()
     finally:
         for run in runs:
             kill_with_workers(run)
@@ -166,8 +174,10 @@ def first_to_end(processes, seconds):
 
 def kill_with_workers(process):
     """SIGKILL to torchrun and its workers (each in a session of its own), then reap torchrun."""
-    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-    workers = [int(pid) for pid in children.read_text().split()] if children.exists() else []
+    if process.poll() is not None:
+        return
+    workers = [int(pid) for pid in Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()]
+    assert workers, "torchrun has no workers to kill"
     for pid in [process.pid, *workers]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -183,23 +193,32 @@ def ended(pid):
         return True
 
 
-def test_a_lock_of_another_node_is_stale_after_its_heartbeat_stops_or_when_it_is_this_jobs(tmp_path, monkeypatch):
-    """What cannot be seen from one host: a lock of another node (outside any scheduler's job here, so no scheduler
-    is asked) is held while its time is fresh and taken over once it is older than STALE_AFTER; one that names this
-    very scheduler job (a requeue) is taken over at once. The scheduler's answer: tests/test_pbs.py, test_slurm.py."""
+def test_a_lock_of_another_machine_is_stale_after_its_heartbeat_stops_or_when_it_is_an_earlier_run_of_this_job(
+        tmp_path, monkeypatch):
+    """What one host cannot see by itself: a lock of another machine (outside any scheduler's job here, so no
+    scheduler is asked) is held while its time is fresh and taken over once it is older than STALE_AFTER. One that
+    names this scheduler job is taken over at once if it is from an earlier run of the job (a requeue, a restart),
+    and held if it is from this one (a second run in the same allocation). The scheduler's answer for another job:
+    tests/test_pbs.py, tests/test_slurm.py."""
     path = tmp_path / folder_lock.NAME
-    other = {"host": "another-node", "pid": 1, "started": None, "job": None, "token": "x", "since": 0}
+    other = {"host": "another-node", "machine": ["boot", "pid:[1]"], "pid": 1, "started": None, "job": None,
+             "incarnation": [None, None, None], "token": "x", "since": 0}
     assert folder_lock.create(path, other)
     with pytest.raises(folder_lock.CourseError, match=r"is in use by another run \(pid 1 on another-node, since "):
         folder_lock.take(tmp_path)
     old = path.stat().st_mtime - folder_lock.STALE_AFTER - 1
     os.utime(path, (old, old))
-    assert folder_lock.why_stale(other, folder_lock.STALE_AFTER + 1) == "no sign of life from another-node for 121 s"
     lock = folder_lock.take(tmp_path)
-    assert folder_lock.read(path) == lock.holder
+    assert folder_lock.read(path) == lock.holder and not list(tmp_path.glob(".LOCK*"))
     lock.release()
     assert not path.exists()
-    monkeypatch.delenv("PBS_JOBID", raising=False)
+
+    for name in ("PBS_JOBID", "COURSE_JOB_START", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "7")
-    assert folder_lock.why_stale({**other, "job": "Slurm 7"}, 0) == ("it is this job's (Slurm 7), from before a "
-                                                                      "restart or requeue")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    this_job = {**other, "job": "Slurm 7", "incarnation": [None, "1", None]}
+    assert folder_lock.why_stale(this_job, 0) is None  # this very run of the job: another run in its allocation
+    requeued = {**this_job, "incarnation": [None, "0", None]}
+    assert folder_lock.why_stale(requeued, 0) == "it is this job's (Slurm 7) from before a restart or requeue"
+    assert folder_lock.why_stale({**this_job, "host": socket.gethostname()}, 0) is None  # same name, other machine

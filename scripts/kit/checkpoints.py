@@ -115,7 +115,7 @@ COPIES = {"adam": 3, "adadelta": 3, "sgd": 2}
 
 
 def estimated_bytes(model, optimizer):
-    """What a checkpoint of ``model`` trained with ``optimizer`` (its name) needs at least on disk."""
+    """About the size of a checkpoint of ``model`` trained with ``optimizer`` (its name)."""
     weights = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
     return COPIES.get(optimizer, 3) * weights
 
@@ -124,16 +124,21 @@ def megabytes(count):
     return f"{count / 2**20:,.1f} MiB"
 
 
-def check_room(folder, needed):
-    """Stop before training when ``folder`` has less free space than one checkpoint needs."""
-    free = shutil.disk_usage(folder).free
+def check_room(folder, size, at_once, keep):
+    """Stop before training unless ``folder`` has room for ``at_once`` checkpoints of ``size`` bytes beside those it
+    holds (prune removes the oldest only after the newest is written). Free space as the file system reports it
+    (statvfs): a user's or project's quota shows only when a write fails."""
+    existing = sum(path.stat().st_size for path in checkpoints_in(folder))
+    free, needed = shutil.disk_usage(folder).free, at_once * size - existing
     if free < needed:
-        raise CourseError(f"--checkpoint-dir {display_path(folder)} has {megabytes(free)} free, and a checkpoint of "
-                          f"this run needs at least {megabytes(needed)}: put --checkpoint-dir on a file system with "
-                          f"room (a scratch folder), or free space there")
+        fewer = f", keep fewer (--keep-checkpoints, now {keep})" if keep > 1 and at_once > 2 else ""
+        raise CourseError(f"--checkpoint-dir {display_path(folder)} has {megabytes(free)} free, and this run needs "
+                          f"about {megabytes(needed)} more there: {at_once} checkpoints of {megabytes(size)} at "
+                          f"once (those it keeps and the one it writes): put --checkpoint-dir on a file system with "
+                          f"room (a scratch folder){fewer}, or free space there")
 
 
-def write_failed(error, path, needed, keep):
+def write_failed(error, path, size, keep):
     """The one line for a checkpoint that could not be written (no space, a quota, any OS error)."""
     folder = Path(path).parent
     try:
@@ -142,10 +147,11 @@ def write_failed(error, path, needed, keep):
         free = "unknown space"
     newest = checkpoints_in(folder)
     resume = f"the newest, {newest[-1].name}, is the one to resume from" if newest else "no earlier one is there"
+    fewer = f" or keep fewer (--keep-checkpoints, now {keep})" if keep > 1 and len(newest) > 1 else ""
     return CourseError(f"could not write checkpoint {path.name} into {display_path(folder)} "
-                       f"({error.strerror or error}): it needs {megabytes(needed)} and {free} is free there; put "
-                       f"--checkpoint-dir on a file system with room (a scratch folder) or keep fewer "
-                       f"(--keep-checkpoints, now {keep}). Nothing of it was left; {resume}")
+                       f"({error.strerror or error}): it needs about {megabytes(size)} and {free} is free there; put "
+                       f"--checkpoint-dir on a file system with room (a scratch folder){fewer}. Nothing of it was "
+                       f"left; {resume}")
 
 
 def read(path, device):

@@ -158,12 +158,11 @@ class Trainer:
         return loss_sum
 
     def end_epoch(self, epoch, started, samples_before):
-        """The epoch's loss and samples summed over ranks, exact evaluation, then the callbacks. ``seconds`` is the
-        time this process trained the epoch, and ``trained_samples`` the samples it trained in them (a resumed
-        epoch's ``samples`` count those trained before the resume too)."""
+        """The epoch's loss and samples summed over ranks, exact evaluation, then the callbacks. ``trained_samples``:
+        those this run trained in ``seconds`` (a resumed epoch's ``samples`` count those before the resume too)."""
         self.notify("on_evaluation_start")
-        loss_sum, samples, trained = sum_over_ranks([float(self.loss_sum), self.samples, self.samples - samples_before],
-                                                    self.runtime)
+        trained = self.samples - samples_before
+        loss_sum, samples, trained = sum_over_ranks([float(self.loss_sum), self.samples, trained], self.runtime)
         synchronize(self.runtime.device)
         metrics = {"epoch": epoch, "train_loss": loss_sum / samples, "samples": int(samples),
                    "trained_samples": int(trained), "seconds": time.perf_counter() - started,

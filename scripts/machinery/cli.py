@@ -91,7 +91,8 @@ def build_parser(description):
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--train-through-nan", action="store_true",
                        help="train on when the loss becomes NaN or infinite, to watch a divergence (by default every "
-                            "rank stops after that step with one line); checkpoints of it are never written")
+                            "rank stops one step later, or at a checkpoint due sooner, with one line); checkpoints of "
+                            "non-finite values are never written")
 
     where = parser.add_argument_group("device and processes")
     where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -151,10 +152,12 @@ def build_parser(description):
 
     drill = parser.add_argument_group("fault drills (to see restarts, timeouts and resumes happen)")
     drill.add_argument("--fault",
-                       choices=["kill", "exit", "stall", "crash-in-save", "sigterm", "sigint", "sigterm-rank"],
+                       choices=["kill", "exit", "stall", "crash-in-save", "disk-full", "sigterm", "sigint",
+                                "sigterm-rank"],
                        default=None,
                        help="kill: SIGKILL this rank; exit: exit with status 3; stall: sleep --fault-seconds; "
-                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint; sigterm, sigint: "
+                            "crash-in-save: SIGKILL rank 0 halfway through writing a checkpoint; disk-full: rank 0 "
+                            "fills the checkpoint folder's file system just before writing one; sigterm, sigint: "
                             "send SIGTERM (as a scheduler does) or SIGINT (Ctrl-C) to torchrun, or without it to "
                             "this process, so that the run stops after the next step with a checkpoint; "
                             "sigterm-rank: SIGTERM to this rank alone. "
@@ -208,7 +211,7 @@ def run(main, argv=None, *, description=None, add_arguments=None, parse=None):
 
     from kit import launch_checks
 
-    from . import stragglers
+    from . import folder_lock, stragglers
 
     write_whole_lines()
     signals.install_handlers()
@@ -238,6 +241,7 @@ def run(main, argv=None, *, description=None, add_arguments=None, parse=None):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     finally:
+        folder_lock.release_all()  # the checkpoint folder, whatever ended the run
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         # main's frame can outlive main in a reference cycle (torch.fx.wrap keeps its caller's frames when torchvision

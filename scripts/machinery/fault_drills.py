@@ -1,5 +1,5 @@
-"""Fault drills: make a rank die, exit or stall after a chosen step, or die while saving, to watch what
-follows. Machinery: a learner may skip this module (notebook 05 runs the drills).
+"""Fault drills: make a rank die, exit or stall after a chosen step, die while saving, or save onto a full disk, to
+watch what follows. Machinery: a learner may skip this module (notebook 05 runs the drills).
 
     torchrun --nproc-per-node=2 --max-restarts=1 scripts/step4_ddp.py --fault kill --fault-rank 1 --fault-step 20
     torchrun --nproc-per-node=2 scripts/step4_ddp.py --fault sigterm --fault-step 20
@@ -16,6 +16,7 @@ every attempt but the last one torchrun's --max-restarts allows, each one step l
 before (step --fault-step + the restart count), so that every restarted group makes progress first. The
 signals are real: ``kill`` is SIGKILL, as the kernel's out-of-memory killer sends it.
 """
+import atexit
 import functools
 import os
 import signal
@@ -24,6 +25,7 @@ import time
 
 from kit import checkpoints
 from kit.launch_checks import first_attempt, restart_count
+from kit.output_paths import display_path
 from lesson.loop import Callback
 
 from . import signals
@@ -31,17 +33,19 @@ from . import signals
 
 def drills(args, runtime):
     """The drill ``--fault`` asks for that strikes after a step, as callbacks (none without it)."""
-    if args.fault is None or args.fault == "crash-in-save":
+    if args.fault in (None, "crash-in-save", "disk-full"):
         return []
     return [StrikeAfterStep(args, runtime)]
 
 
 def checkpoint_writer(args, runtime):
     """What writes a checkpoint file: the atomic write, or on rank 0 under ``--fault crash-in-save`` the same
-    write that dies halfway through the file at or after step --fault-step."""
-    if args.fault != "crash-in-save" or not runtime.is_main:
+    write that dies halfway through the file at or after step --fault-step, under ``--fault disk-full`` the same
+    write onto a file system filled just before."""
+    wrappers = {"crash-in-save": write_or_crash, "disk-full": fill_then_write}
+    if args.fault not in wrappers or not runtime.is_main:
         return checkpoints.write_atomically
-    return functools.partial(write_or_crash, args, checkpoints.write_atomically)
+    return functools.partial(wrappers[args.fault], args, checkpoints.write_atomically)
 
 
 def strike_step(args):
@@ -102,3 +106,32 @@ def write_or_crash(args, write, state, path):
         file.flush()
         os.fsync(file.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+BALLAST = "disk-full-drill.ballast"
+
+
+def fill_then_write(args, write, state, path):
+    """``--fault disk-full``: at the first checkpoint from step --fault-step on, rank 0 fills the checkpoint
+    folder's file system (the file disk-full-drill.ballast there, removed when the process exits), as another job's
+    output filling a shared quota would, then writes the checkpoint for real: the write meets a full disk."""
+    ballast = path.parent / BALLAST
+    strike = strike_step(args)
+    if strike is not None and state["global_step"] >= strike and not ballast.exists():
+        print(f"fault drill: rank 0 fills the file system of {display_path(path.parent)} before writing {path.name}",
+              flush=True)
+        atexit.register(ballast.unlink, missing_ok=True)
+        fill(ballast)
+    return write(state, path)
+
+
+def fill(path):
+    """Write zeros into ``path`` until the file system has no room left."""
+    chunk = 1 << 20
+    with open(path, "wb", buffering=0) as file:
+        while chunk >= 512:
+            try:
+                if not file.write(bytes(chunk)):
+                    chunk //= 2
+            except OSError:
+                chunk //= 2  # full, or nearly: smaller pieces take the rest

@@ -3,23 +3,30 @@ Machinery: a learner may skip this module.
 
 Two runs training into one folder (a job submitted twice, a follow-up started while the first still runs)
 would resume from each other's half-written steps. So rank 0 creates ``LOCK`` in the folder before the
-resume decision: one line of JSON naming its host, pid and scheduler job, made in one step (written beside
-it, then hard-linked to the name, which fails when the name exists: atomic on local file systems and NFS).
-A second run finds it and stops before training with one line naming the holder.
+resume decision (resume.py): one line of JSON naming its host, pid and scheduler job, made in one step
+(written beside it, then hard-linked to the name, which fails when the name exists: atomic on local file
+systems and NFS). A second run finds it and stops before training with one line naming the holder.
 
-A lock is given back on every way out Python sees (the end of training, an error, a stop, an exit). One
-left by a run that died (SIGKILL, a lost node) is stale, and the next run takes it over, when:
-- it names this host and its process is gone (a pid and the process's start time, so a reused pid does not
-  count): torchrun's restart of the same run, a follow-up on the same node;
-- it names another host and the same scheduler job (PBS_JOBID, SLURM_JOB_ID): a requeued or rerun job, or
-  a torchrun restart that moved rank 0, as a scheduler runs one copy of a job at a time;
-- it names another host and shows no sign of life for ``STALE_AFTER`` seconds: its holder refreshes the
-  file's time every ``HEARTBEAT`` seconds from a thread, so a node that died stops refreshing it (this
-  compares the file server's clock with this node's: they agree within seconds where NTP runs);
-- it names another host and a job the scheduler says has ended (qstat, squeue: kit/schedulers.py), such
-  as the job before a resubmitted one, where this node can ask.
+A lock is given back at the end of training and on every way out of ``cli.run`` (an error, a stop), else
+at the interpreter's exit. One left by a run that died (SIGKILL, a lost node) is stale, and the next run
+takes it over, when:
+- it names this machine (host name, boot and pid namespace: a container with the node's host name is
+  another machine) and its process is gone (a pid and its start time, so a reused pid does not count):
+  torchrun's restart of the same run, a follow-up on the same node;
+- it names another machine and another incarnation of this scheduler job (PBS_JOBID, SLURM_JOB_ID, with
+  the job's start, COURSE_JOB_START, Slurm's restart count and torchrun's): a rerun or requeued job, or a
+  torchrun restart that moved rank 0;
+- it names a job the scheduler says has ended (qstat, squeue: kit/schedulers.py), where this node can ask:
+  the job before a resubmitted one;
+- it shows no sign of life for ``STALE_AFTER`` seconds: its holder refreshes the file's time every
+  ``HEARTBEAT`` seconds from a thread, so a node that died stops refreshing it (this compares the file
+  server's clock with this node's: they agree within seconds where NTP runs).
+A holder that finds its lock taken over (it was stopped or cut off for longer than that) stops at its next
+checkpoint rather than write into a folder another run now holds.
 """
 import atexit
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -29,37 +36,32 @@ import uuid
 from pathlib import Path
 
 from kit import checkpoints, schedulers
-from kit.agreement import fail_together
 from kit.errors import CourseError
-from kit.output_paths import check_folder, display_path
-from lesson.loop import Callback
+from kit.output_paths import display_path
 
 NAME = "LOCK"
 HEARTBEAT = 15  # seconds between two refreshes of the lock file's time
-STALE_AFTER = 120  # seconds without a refresh after which another node's lock is stale
-
-
-class OneRunPerFolder(Callback):
-    """Rank 0 takes ``folder`` before the resume decision; every rank stops with its line if it is held."""
-
-    def __init__(self, runtime, folder):
-        self.runtime, self.folder, self.lock = runtime, Path(folder), None
-
-    def on_train_start(self, trainer):
-        with fail_together(self.runtime):
-            if self.runtime.is_main:
-                check_folder(self.folder, "--checkpoint-dir")
-                self.lock = take(self.folder)
-
-    def on_train_end(self, trainer):
-        if self.lock is not None:
-            self.lock.release()
+STALE_AFTER = 120  # seconds without a refresh after which a lock is stale
+HELD = []  # the locks this process holds, for release_all
+NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP)  # what os.link says on a file system without them
 
 
 def this_process():
     """What a lock says of its holder."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()),
-            "job": scheduler_job(), "token": uuid.uuid4().hex, "since": time.time()}
+    return {"host": socket.gethostname(), "machine": machine(), "pid": os.getpid(),
+            "started": process_start(os.getpid()), "job": scheduler_job(), "incarnation": incarnation(),
+            "token": uuid.uuid4().hex, "since": time.time()}
+
+
+def machine():
+    """This boot of this machine, as one pid namespace sees it: where a pid means the same process."""
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(Path(path).read_text().strip() if "boot_id" in path else os.readlink(path))
+        except OSError:
+            parts.append(None)
+    return parts
 
 
 def scheduler_job():
@@ -68,6 +70,11 @@ def scheduler_job():
         if os.environ.get(variable):
             return f"{scheduler} {os.environ[variable]}"
     return None
+
+
+def incarnation():
+    """What tells one run of a job from the next: the job script's start, Slurm's and torchrun's restart counts."""
+    return [os.environ.get(name) for name in ("COURSE_JOB_START", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")]
 
 
 def process_start(pid):
@@ -81,7 +88,7 @@ def process_start(pid):
 
 
 def is_running(holder):
-    """Whether the process a lock names still runs on this host."""
+    """Whether the process a lock names still runs on this machine."""
     try:
         os.kill(holder["pid"], 0)
     except ProcessLookupError:
@@ -94,15 +101,15 @@ def is_running(holder):
 
 def why_stale(holder, age):
     """Why a lock may be taken over, or None while its holder may still run."""
-    if holder["host"] == socket.gethostname():
+    if holder["host"] == socket.gethostname() and holder.get("machine") == machine():
         if holder["pid"] == os.getpid():
             return "an earlier run in this process, which has ended"
         return None if is_running(holder) else f"its process {holder['pid']} has ended"
-    if holder.get("job") and holder["job"] == scheduler_job():
-        return f"it is this job's ({holder['job']}), from before a restart or requeue"
+    if holder.get("job") and holder["job"] == scheduler_job() and holder.get("incarnation") != incarnation():
+        return f"it is this job's ({holder['job']}) from before a restart or requeue"
     if age > STALE_AFTER:
         return f"no sign of life from {holder['host']} for {age:.0f} s"
-    if holder.get("job") and schedulers.job_ended(holder["job"]):
+    if holder.get("job") and holder["job"] != scheduler_job() and schedulers.job_ended(holder["job"]):
         return f"its job, {holder['job']}, has ended (the scheduler says so)"
     return None
 
@@ -110,23 +117,44 @@ def why_stale(holder, age):
 class Lock:
     def __init__(self, path, holder):
         self.path, self.holder = path, holder
+        self.taken_by = None  # who took it over, if another run did
         self.stopped = threading.Event()
         threading.Thread(target=self.refresh, name="folder-lock", daemon=True).start()
+        HELD.append(self)
         atexit.register(self.release)
 
     def refresh(self):
         while not self.stopped.wait(HEARTBEAT):
             try:
+                now = read(self.path)
+                if now != self.holder:
+                    self.taken_by = now or {"pid": "?", "host": "?"}
+                    return
                 os.utime(self.path)
             except OSError:
-                return  # gone: nothing left to keep alive
+                continue  # a file server's hiccup (ESTALE, EIO): try again at the next beat
+
+    def check(self):
+        """Raise if another run took this lock over (this run was stopped or cut off for longer than STALE_AFTER)."""
+        if self.taken_by is not None:
+            raise CourseError(f"another run (pid {self.taken_by['pid']} on {self.taken_by['host']}) took over "
+                              f"{display_path(self.path)} while this run was stopped or cut off from it: this run "
+                              f"stops rather than write into a folder another run holds")
 
     def release(self):
         """Remove the lock, if it is still this run's (and this is its process, not a forked DataLoader worker)."""
         self.stopped.set()
         atexit.unregister(self.release)
+        if self in HELD:
+            HELD.remove(self)
         if os.getpid() == self.holder["pid"] and read(self.path) == self.holder:
             self.path.unlink(missing_ok=True)
+
+
+def release_all():
+    """Every lock this process holds (cli.run's way out, whatever ended the run)."""
+    for lock in list(HELD):
+        lock.release()
 
 
 def take(folder):
@@ -144,25 +172,41 @@ def take(folder):
         reason = why_stale(holder, age)
         if reason is None:
             raise held(folder, holder, age)
-        if read(path) == holder:  # not taken over by another run in the meantime
-            path.unlink(missing_ok=True)
+        if set_aside(path, holder):
             print(f"took over {display_path(path)} from pid {holder['pid']} on {holder['host']}: {reason}",
                   flush=True)
     raise CourseError(f"{display_path(path)} changed hands while this run tried to take it: is another run "
                       f"starting on --checkpoint-dir {display_path(folder)}? Start one run per folder")
 
 
+def set_aside(path, stale):
+    """Remove the stale lock ``stale``, and only it: renamed first (one run alone can rename it), then checked."""
+    aside = path.with_name(f".{NAME}.stale-{uuid.uuid4().hex}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False  # another run took it over first
+    ours = read(aside) == stale
+    if not ours:  # another run's fresh lock, made since we read the stale one: put it back
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+    aside.unlink(missing_ok=True)
+    return ours
+
+
 def create(path, holder):
     """Make ``path`` hold ``holder``, whole, unless it exists: True if this call made it."""
     draft = path.with_name(f".{NAME}.{holder['token']}")
-    draft.write_text(json.dumps(holder) + "\n")
     try:
+        draft.write_text(json.dumps(holder) + "\n")
         os.link(draft, path)  # fails if the lock exists; the file is complete the moment it has the name
         return True
     except FileExistsError:
         return False
-    except OSError:  # a file system without hard links: create it exclusively, then fill it
-        try:
+    except OSError as error:
+        if error.errno not in NO_HARD_LINKS:
+            raise
+        try:  # a file system without hard links: create it exclusively, then fill it
             with open(path, "x") as file:
                 file.write(json.dumps(holder) + "\n")
             return True
@@ -173,12 +217,16 @@ def create(path, holder):
 
 
 def read(path):
+    """The holder a lock names, None if there is none; one that cannot be read names an unknown holder."""
     try:
-        return json.loads(Path(path).read_text())
+        holder = json.loads(Path(path).read_text())
     except FileNotFoundError:
         return None
-    except ValueError:  # being filled on a file system without hard links
-        return {"host": "?", "pid": 0}
+    except (OSError, ValueError):  # being filled on a file system without hard links, or not a lock of the course
+        holder = None
+    if isinstance(holder, dict) and {"host", "pid"} <= holder.keys():
+        return holder
+    return {"host": "an unknown host", "pid": "?"}
 
 
 def modified(path):

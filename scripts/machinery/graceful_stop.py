@@ -164,10 +164,11 @@ class GracefulStop(Callback):
 
     def post(self, code, trainer):
         """Start the all_reduce (MAX) of every rank's wish; ``read_agreed`` collects it at the next boundary.
-        The wish is made on the device, where the step's loss is, so that nothing waits for the GPU: NOT_FINITE
-        if that loss is not finite (unless --train-through-nan)."""
+        The wish is made on the device, where the step's loss is (torch.full is a kernel; torch.tensor from a
+        list would copy from the host and wait for the GPU): NOT_FINITE if that loss is not finite (unless
+        --train-through-nan). Read one step later, it lets the CPU run at most one step ahead of the GPU."""
         device = self.runtime.device
-        wish = torch.tensor([code], dtype=torch.int32, device=device)
+        wish = torch.full((1,), code, dtype=torch.int32, device=device)
         if trainer.step_loss is not None and not self.args.train_through_nan:
             wish = torch.where(trainer.step_loss.isfinite(), wish, NOT_FINITE)
         self.posted_at = (trainer.global_step, trainer.step_loss)

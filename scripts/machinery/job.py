@@ -10,13 +10,11 @@ this order, which tests/test_job.py pins:
 1. the straggler watch: each rank's position, so that a failed collective names the rank behind (stragglers.py);
 2. the run's record: rank 0's line per epoch, the JSON record, MFU (reporting.py);
 3. a progress bar on a terminal (reporting.py);
-4. one run per checkpoint folder: rank 0 takes the folder before the resume decision, and gives it back at the
-   end (folder_lock.py);
-5. checkpointing: the outputs checked, the one resume decision, a checkpoint every N steps and at every
-   epoch's end (resume.py);
-6. the fault drill --fault asks for, if any: after the step's checkpoint, so that a restart resumes from it
+4. checkpointing: the outputs checked, the checkpoint folder taken (one run per folder, folder_lock.py), the one
+   resume decision, a checkpoint every N steps and at every epoch's end (resume.py);
+5. the fault drill --fault asks for, if any: after the step's checkpoint, so that a restart resumes from it
    (fault_drills.py);
-7. the graceful stop, last: on a signal, a stop request, the end of --stop-after or a loss that is no longer
+6. the graceful stop, last: on a signal, a stop request, the end of --stop-after or a loss that is no longer
    finite, every rank stops after the same step, with a checkpoint of it (none of a diverged step), unless the
    checkpointing callback just wrote one (graceful_stop.py).
 A new capability of every training script is one more callback here; none needs an edit inside the loop.
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from kit.output_paths import output_dir
 
-from . import fault_drills, folder_lock, graceful_stop, reporting, resume, stragglers
+from . import fault_drills, graceful_stop, reporting, resume, stragglers
 
 
 def callbacks(script, args, runtime):
@@ -33,8 +31,8 @@ def callbacks(script, args, runtime):
     write = fault_drills.checkpoint_writer(args, runtime)
     record = reporting.RunRecord(script, args, runtime)
     checkpointing = resume.Checkpointing(script, args, runtime, record, folder, write)
-    return [stragglers.StragglerWatch(runtime), record, reporting.ProgressBar(runtime),
-            folder_lock.OneRunPerFolder(runtime, folder), checkpointing, *fault_drills.drills(args, runtime),
+    return [stragglers.StragglerWatch(runtime), record, reporting.ProgressBar(runtime), checkpointing,
+            *fault_drills.drills(args, runtime),
             graceful_stop.GracefulStop(args, runtime, checkpointing, folder)]
 
 

@@ -2,7 +2,8 @@
 module (notebook 05 teaches it).
 
 Before the first epoch, every rank together:
-- checks that the run's outputs can be written (results, checkpoints, --save);
+- checks that the run's outputs can be written (results, checkpoints, --save), that the checkpoint folder has
+  room for the checkpoints the run keeps, and takes that folder (one run per folder: folder_lock.py);
 - decides, in one call (``decide``), whether to resume and from which checkpoint: ``--resume``
   (the newest in --checkpoint-dir, or a file), or a group that torchrun restarted, which always
   resumes; a fresh start refuses a folder holding an unfinished run (``--start-over`` moves that run's
@@ -24,10 +25,10 @@ from kit import checkpoints, launch_checks, output_paths
 from kit.agreement import agree, fail_together, gather_from_all_ranks
 from kit.errors import CourseError
 from kit.output_paths import display_path
-from lesson.loop import Callback, batches_per_epoch
+from lesson.loop import Callback, batches_per_epoch, steps_per_epoch
 from lesson.models import unwrap
 
-from . import divergence
+from . import divergence, folder_lock
 
 
 class Checkpointing(Callback):
@@ -40,26 +41,35 @@ class Checkpointing(Callback):
         self.sampler_state = None  # a baseline shuffler's generator state at the start of the epoch in progress
         self.config = None
         self.saved_step = None  # the step of the newest checkpoint this run wrote
+        self.lock = None  # rank 0's lock on the folder
+        self.checkpoint_bytes = None  # about the size of one checkpoint
         self.longest_save = 0.0  # seconds the longest checkpoint of this run took (the graceful stop plans with it)
 
     # ------------------------------------------------------------ before training
 
     def on_train_start(self, trainer):
         self.config = run_config(self.script, trainer)
-        state = self.decide(checkpoints.estimated_bytes(unwrap(trainer.model), self.args.optimizer))
+        self.checkpoint_bytes = checkpoints.estimated_bytes(unwrap(trainer.model), self.args.optimizer)
+        state = self.decide(checkpoints_to_write(trainer))
         if state is not None:
             self.load(trainer, state)
 
-    def decide(self, checkpoint_bytes):
-        """The one resume decision, agreed by every rank after the outputs are checked (a checkpoint of
-        ``checkpoint_bytes`` fits): the state of the checkpoint to resume from, or None to start fresh (a
-        finished run's checkpoints are replaced)."""
+    def on_train_end(self, trainer):
+        if self.lock is not None:
+            self.lock.release()
+
+    def decide(self, planned):
+        """The one resume decision, agreed by every rank after the outputs are checked and the folder taken (room
+        for the ``planned`` checkpoints, or those it keeps, and one more): the state of the checkpoint to resume
+        from, or None to start fresh (a finished run's checkpoints are replaced)."""
         args = self.args
         with fail_together(self.runtime):
             if self.runtime.is_main:  # rank 0 alone writes
                 output_paths.check_folder(args.results_dir, "--results-dir")
                 output_paths.check_folder(self.folder, "--checkpoint-dir")
-                checkpoints.check_room(self.folder, checkpoint_bytes)
+                at_once = min(args.keep_checkpoints + 1, len(checkpoints.checkpoints_in(self.folder)) + planned)
+                checkpoints.check_room(self.folder, self.checkpoint_bytes, at_once, args.keep_checkpoints)
+                self.lock = folder_lock.take(self.folder)  # before anything is read there
                 if args.save:
                     output_paths.check_file(args.save, "--save")
             path, state, stale = self.find_checkpoint()
@@ -197,20 +207,26 @@ class Checkpointing(Callback):
         """Every rank hands rank 0 its random state and loss; rank 0 writes the file atomically, and every rank
         learns whether it could. Timed, on every rank."""
         started = time.perf_counter()
-        self.write_checkpoint(trainer)
+        if self.write_checkpoint(trainer):
+            self.saved_step = trainer.global_step
         self.longest_save = max(self.longest_save, time.perf_counter() - started)
-        self.saved_step = trainer.global_step
 
     def write_checkpoint(self, trainer):
+        """True once written; False where --train-through-nan leaves out a checkpoint of non-finite values."""
+        last_loss = 0.0 if trainer.step_loss is None else float(trainer.step_loss)  # the epoch's end reset loss_sum
         mine = {"rng": checkpoints.rng_state(self.runtime.device), "loss_sum": float(trainer.loss_sum),
-                "samples": int(trainer.samples)}
+                "samples": int(trainer.samples), "last_step_loss": last_loss}
         ranks = gather_from_all_ranks(mine)
-        losses = [rank["loss_sum"] for rank in ranks]  # every rank sees them all: they stop together
+        losses = [rank["loss_sum"] + rank["last_step_loss"] for rank in ranks]  # every rank sees all: they agree
         if not all(map(divergence.is_finite, losses)):
             return self.refuse(trainer, f"the training loss is not finite ({divergence.not_finite(losses)})")
+        if not weights_finite(trainer.model):  # the same weights on every rank: every rank decides alike
+            return self.refuse(trainer, "the model's weights are not finite")
         with fail_together(self.runtime):  # a failed write stops every rank after this step, with one line
             if self.runtime.is_main:
+                self.lock.check()  # still this run's folder
                 self.write_file(trainer, ranks)
+        return True
 
     def write_file(self, trainer, ranks):
         state = {
@@ -221,14 +237,11 @@ class Checkpointing(Callback):
             "finished": trainer.epoch > self.args.epochs, "ranks": ranks, "sampler_state": self.sampler_state,
             "history": self.record.history, "train_seconds": self.record.elapsed(),
         }
-        if not all(bool(tensor.isfinite().all()) for tensor in state["model"].values() if tensor.is_floating_point()):
-            return self.refuse(trainer, "the model's weights are not finite")
         path = self.folder / checkpoints.file_name(trainer.global_step)
         try:
             self.write(state, path)
         except OSError as error:
-            raise checkpoints.write_failed(error, path, len(checkpoints.serialize(state)),
-                                           self.args.keep_checkpoints) from None
+            raise checkpoints.write_failed(error, path, self.checkpoint_bytes, self.args.keep_checkpoints) from None
         checkpoints.prune(self.folder, self.args.keep_checkpoints)
         where = (f"end of epoch {trainer.epoch - 1}" if trainer.batches_done == 0
                  else f"epoch {trainer.epoch}, step {trainer.global_step}")
@@ -241,6 +254,7 @@ class Checkpointing(Callback):
                                      self.folder)
         if self.runtime.is_main:
             print(f"checkpoint of step {trainer.global_step} not written: {what} (--train-through-nan)", flush=True)
+        return False
 
 
 def run_config(script, trainer):
@@ -250,6 +264,18 @@ def run_config(script, trainer):
             "batch_size": trainer.batches.batch_size, "accumulate": args.accumulate, "optimizer": args.optimizer,
             "seed": args.seed, "precision": args.precision,
             "trainable_parameters": sum(p.numel() for p in unwrap(trainer.model).parameters() if p.requires_grad)}
+
+
+def checkpoints_to_write(trainer):
+    """How many checkpoints a run from its start writes: each epoch's end, and every --checkpoint-every steps."""
+    args = trainer.args
+    steps = steps_per_epoch(trainer.batches, args)
+    return args.epochs * (1 + ((steps - 1) // args.checkpoint_every if args.checkpoint_every else 0))
+
+
+def weights_finite(model):
+    return all(bool(tensor.isfinite().all()) for tensor in unwrap(model).state_dict().values()
+               if tensor.is_floating_point())
 
 
 def shuffling_generator(trainer):
