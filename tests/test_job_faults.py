@@ -74,7 +74,7 @@ def test_a_full_disk_stops_every_rank_with_one_line_and_leaves_nothing_behind(sm
     fresh = run_python("step1_baseline.py", *SHORT, "--checkpoint-every", 2, *outputs(small_disk / "another"),
                        timeout=120)  # 34 MiB free; 3 checkpoints of 13.7 MiB
     assert_one_line_error(fresh, "--checkpoint-dir ", " free, and this run needs about 41.2 MiB more there: 3 "
-                          "checkpoints of 13.7 MiB at once (those it keeps and the one it writes)",
+                          "checkpoint(s) of 13.7 MiB at once (every one it writes)",
                           "keep fewer (--keep-checkpoints, now 3)")
     assert "epoch 1/1" not in fresh.stdout and not (small_disk / "another" / folder_lock.NAME).exists()
 

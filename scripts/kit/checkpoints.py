@@ -132,10 +132,11 @@ def check_room(folder, size, at_once, keep):
     free, needed = shutil.disk_usage(folder).free, at_once * size - existing
     if free < needed:
         fewer = f", keep fewer (--keep-checkpoints, now {keep})" if keep > 1 and at_once > 2 else ""
+        which = f"the {keep} it keeps and the next" if at_once > keep else "every one it writes"
         raise CourseError(f"--checkpoint-dir {display_path(folder)} has {megabytes(free)} free, and this run needs "
-                          f"about {megabytes(needed)} more there: {at_once} checkpoints of {megabytes(size)} at "
-                          f"once (those it keeps and the one it writes): put --checkpoint-dir on a file system with "
-                          f"room (a scratch folder){fewer}, or free space there")
+                          f"about {megabytes(needed)} more there: {at_once} checkpoint(s) of {megabytes(size)} at "
+                          f"once ({which}): put --checkpoint-dir on a file system with room (a scratch folder)"
+                          f"{fewer}, or free space there")
 
 
 def write_failed(error, path, size, keep):
