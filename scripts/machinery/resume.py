@@ -274,8 +274,8 @@ def checkpoints_to_write(trainer):
 
 
 def weights_finite(model):
-    return all(bool(tensor.isfinite().all()) for tensor in unwrap(model).state_dict().values()
-               if tensor.is_floating_point())
+    """The parameters, which every rank holds alike (buffers such as BatchNorm's statistics may differ by rank)."""
+    return all(bool(parameter.isfinite().all()) for parameter in unwrap(model).parameters())
 
 
 def shuffling_generator(trainer):
