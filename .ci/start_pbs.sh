@@ -241,6 +241,9 @@ EOF
 configure_server() {
     # Finished jobs stay visible to qstat -x (the tests read their exit status and record).
     on_head qmgr -c "set server job_history_enable = True"
+    # OpenPBS's default; the walltime chain test pauses it while it starts a job where it chooses (qrun -H),
+    # and a test cut short in between leaves it off.
+    on_head qmgr -c "set server scheduling = True"
     for _ in $(seq 60); do
         (($(on_head pbsnodes -a | grep -c 'state = free') >= 2)) && { advertise_gpus; return 0; }
         sleep 1

@@ -330,7 +330,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def pbs():
-    answer = pbs_as_root(SETUP, "qstat", "-B")
+    answer = pbs_as_root(SETUP, "qstat", "-Bf")
     if answer.returncode != 0:
         pytest.fail(f"OpenPBS is installed but its server does not answer ({answer.stderr.strip()}); "
                     "start it: sudo bash .ci/start_pbs.sh")
@@ -338,6 +338,8 @@ def pbs():
     states = dict(re.findall(r"^(\S+)\n\s+Mom = .*?\n(?:.*\n)*?\s+state = (\S+)", nodes, re.M))
     if set(states) != {HEAD, NODE2} or any(state not in ("free", "job-busy") for state in states.values()):
         pytest.fail(f"the PBS nodes are not both up: {states}; see sudo bash .ci/start_pbs.sh status")
+    if not re.search(r"^\s+scheduling = True$", answer.stdout, re.M):  # a test paused it, and was cut short
+        pytest.fail("the PBS scheduler is paused (qmgr: scheduling = False); sudo bash .ci/start_pbs.sh starts it")
     return SETUP
 
 
@@ -631,6 +633,37 @@ def submit(pbs, course, name, resources, variables):
     return answer.stdout.strip()
 
 
+def submit_to(pbs, host, course, name, resources, variables):
+    """submit(), and the job started on HOST by the test (qrun -H, once no job is left there), the scheduler paused
+    meanwhile: its request names no host, so the follow-ups it asks for land wherever PBS puts them."""
+    deadline = time.monotonic() + JOB_SECONDS
+    while not re.search(r"^\s+state = free$", pbs_as_root(pbs, "pbsnodes", host).stdout, re.M):
+        assert time.monotonic() < deadline, pbs_as_root(pbs, "pbsnodes", host).stdout
+        time.sleep(0.5)
+    assert pbs_as_root(pbs, "qmgr", "-c", "set server scheduling = False").returncode == 0
+    try:
+        job_id = submit(pbs, course, name, resources, variables)
+        started = pbs_as_root(pbs, "qrun", "-H", f"({host})", job_id)
+        assert started.returncode == 0, started.stderr
+    finally:
+        pbs_as_root(pbs, "qmgr", "-c", "set server scheduling = True")
+    return job_id
+
+
+def finished_job(pbs, job_id):
+    """The job's attributes once it has finished (qstat -x: job_state F), or None: not yet, or no answer."""
+    answer = pbs_as_root(pbs, "qstat", "-x", "-f", "-F", "json", job_id)
+    jobs = json.loads(answer.stdout).get("Jobs", {}) if answer.returncode == 0 and answer.stdout.strip() else {}
+    job = next(iter(jobs.values()), {})
+    return job if job.get("job_state") == "F" else None
+
+
+def log_of_part(course, name, number):
+    """The log of part NUMBER of a chain submitted with -o logs/NAME.log: that file, then FILE.part2, FILE.part3, ...
+    (scripts/tools/resubmit.py)."""
+    return course / "logs" / (f"{name}.log" if number == 1 else f"{name}.log.part{number}")
+
+
 def logs_of(course, name):
     """The chain's logs in order: FILE, then FILE.part2, FILE.part3, ... (scripts/tools/resubmit.py)."""
     first = course / "logs" / f"{name}.log"
@@ -638,21 +671,71 @@ def logs_of(course, name):
     return [wait_for_file(path) or "" for path in [first, *parts]]
 
 
+# What a job prints where PBS refuses the follow-up it submits (a host the server does not take jobs from): the
+# command to type instead.
+REFUSED = re.compile(r"^resubmit\.py: error: could not submit the follow-up: qsub: Bad UID for job execution; to "
+                     r"continue by hand once this job has ended, from the course directory on the login node: "
+                     r"(?P<command>qsub .*)$", re.M)
+
+
+@dataclass
+class Part:
+    """One job of a walltime chain, as the test followed it."""
+    job_id: str
+    log: str
+    exit_status: int | None  # the job's, from qstat -x
+    queued_after: list  # the jobs of the chain's name queued, held or running once it had ended
+    next_log_there: bool  # whether the next part's log was there once it had ended
+    typed: str | None = None  # where its follow-up was refused: the command the test typed, as a user would
+
+
+def follow_the_chain(pbs, course, name, first):
+    """The parts of the chain NAME that starts with job FIRST, in order, each once it has ended. Where a part's
+    follow-up was refused, types the command its log gives, as the user on the login node (the PBS server's host),
+    from the course directory, as the log says, which continues the chain; a part's own follow-up goes on by itself.
+    A hang guard, as in answers_of: it gives up when a part takes JOB_SECONDS to end."""
+    parts, job_id = [], first
+    while job_id:
+        deadline = time.monotonic() + JOB_SECONDS
+        while not (job := finished_job(pbs, job_id)):
+            assert time.monotonic() < deadline, f"job {job_id}, part {len(parts) + 1} of the chain {name}, did " \
+                                                f"not end within {JOB_SECONDS} s: {job_state(pbs, job_id)}"
+            time.sleep(0.5)
+        log = wait_for_file(log_of_part(course, name, len(parts) + 1)) or ""
+        part = Part(job_id, log, job.get("Exit_status"), jobs_named(pbs, name),
+                    log_of_part(course, name, len(parts) + 2).exists())
+        parts.append(part)
+        follow_up, refused = re.search(r"^== follow-up: job (\S+) continues ", log, re.M), REFUSED.search(log)
+        job_id = follow_up[1] if follow_up else None
+        if refused and not follow_up:
+            part.typed = refused["command"]
+            answer = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && {part.typed}")
+            assert answer.returncode == 0, f"{part.typed}\n{answer.stderr}"
+            job_id = answer.stdout.strip()
+    return parts
+
+
+WALLTIME_JOB = {  # 04_ddp.pbs, submitted as "walltime": the chain below
+    "resources": ("select=1:ncpus=1:mem=2gb:ngpus=2", "walltime=00:02:00"),
+    "variables": {"COURSE_ARGS": f"{LONG_RUN} --stop-margin 35 --fault stall --fault-step 3 --fault-seconds 30 "
+                                 f"--save checkpoints/walltime.pt --run-name walltime", **ON_CPUS},
+}
+
+
 @pytest.fixture(scope="module")
 def stopped_jobs(pbs, course, tmp_path_factory):
     """Two jobs at once, and the reference run meanwhile:
 
-    - "walltime": 04_ddp.pbs with a walltime of 2 minutes, on the PBS server's host (this PBS takes jobs only
-      from there, as flatuid is off, and the job submits its follow-up itself). Rank 0 stalls 30 s
-      after step 3, as a slow step would: two more such steps and the 35 s kept free (--stop-margin) cannot
-      fit before the walltime, whatever the machine's speed, so the run stops after step 4 with a checkpoint,
-      and the job submits its follow-up, which finishes the run (on a loaded machine a follow-up may run out
-      of walltime in its turn: it stops the same way and submits the next);
+    - "walltime": 04_ddp.pbs with a walltime of 2 minutes, started on the second host (qrun -H), where this PBS
+      refuses a job's own qsub (flatuid is off): the job's follow-up is refused, and the test types the command
+      its log gives on the login node, as a user would. Rank 0 stalls 30 s after step 3, as a slow step would:
+      two more such steps and the 35 s kept free (--stop-margin) cannot fit before the walltime, whatever the
+      machine's speed, so the run stops after step 4 with a checkpoint. The follow-up lands wherever PBS puts it
+      and finishes the run; on a loaded machine a follow-up may run out of walltime in its turn: it stops the same
+      way, and its own follow-up is submitted (on the server's host) or refused and typed (on the second host);
     - "qdel": 04_ddp.pbs, deleted with qdel once its first checkpoint is there (a checkpoint every step).
     """
-    walltime = submit(pbs, course, "walltime", (f"select=1:ncpus=1:mem=2gb:ngpus=2:host={HEAD}", "walltime=00:02:00"), {
-        "COURSE_ARGS": f"{LONG_RUN} --stop-margin 35 --fault stall --fault-step 3 --fault-seconds 30 "
-                       f"--save checkpoints/walltime.pt --run-name walltime", **ON_CPUS})
+    walltime = submit_to(pbs, NODE2, course, "walltime", WALLTIME_JOB["resources"], WALLTIME_JOB["variables"])
     deleted = submit(pbs, course, "qdel", ("select=1:ncpus=1:mem=2gb:ngpus=2", "walltime=00:10:00"), {
         "COURSE_ARGS": f"{LONG_RUN} --checkpoint-every 1 --run-name qdel", **ON_CPUS})
     deadline = time.monotonic() + JOB_SECONDS
@@ -662,46 +745,98 @@ def stopped_jobs(pbs, course, tmp_path_factory):
     assert checkpoints_in(folder), f"the qdel job wrote no checkpoint: {job_state(pbs, deleted)}"
     assert pbs_as_root(pbs, "qdel", deleted).returncode == 0  # a step or two in, of 120
     reference = tmp_path_factory.mktemp("reference")
-    done = subprocess.run([f"{pbs['PBS_JOB_VENV']}/bin/python", "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "scripts/step4_ddp.py", *LONG_RUN.split(), "--checkpoint-dir",
-                           str(reference / "checkpoints"), "--results-dir", str(reference), "--save",
-                           str(reference / "reference.pt")],
-                          cwd=course, env={**clean_environment(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
-                          capture_output=True, text=True, timeout=JOB_SECONDS)
-    assert done.returncode == 0, done.stderr[-3000:]
-    while (job_state(pbs, deleted) != "F" or jobs_named(pbs, "walltime")) and time.monotonic() < deadline:
+    with open(reference / "output.txt", "w") as output:  # a file, not a pipe: nothing blocks it while it runs
+        run = subprocess.Popen([f"{pbs['PBS_JOB_VENV']}/bin/python", "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node=2", "scripts/step4_ddp.py", *LONG_RUN.split(), "--checkpoint-dir",
+                                str(reference / "checkpoints"), "--results-dir", str(reference), "--save",
+                                str(reference / "reference.pt")],
+                               cwd=course, env={**clean_environment(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+                               stdout=output, stderr=subprocess.STDOUT)
+    try:
+        chain = follow_the_chain(pbs, course, "walltime", walltime)
+        assert run.wait(timeout=JOB_SECONDS) == 0, (reference / "output.txt").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    while job_state(pbs, deleted) != "F" and time.monotonic() < deadline:
         time.sleep(1)
-    assert not jobs_named(pbs, "walltime"), f"the walltime chain was still running after {JOB_SECONDS} s"
-    return {"walltime": walltime, "qdel": deleted, "reference": torch.load(reference / "reference.pt")}
+    return {"walltime": walltime, "chain": chain, "qdel": deleted,
+            "reference": torch.load(reference / "reference.pt")}
+
+
+def expected_by_hand(course, name, part, job):
+    """The qsub command that continues part PART of the chain NAME (whose first job is JOB) by hand: the job file
+    and its request as the test submitted it (PBS adds the queue and place=free), the checkpoint folder, the part,
+    and the next part's log."""
+    variables = {**WALLTIME_JOB["variables"], "COURSE_CHECKPOINT_DIR": f"checkpoints/{name}-{job}",
+                 "COURSE_JOB_PART": str(part + 1)}
+    select, walltime = WALLTIME_JOB["resources"]
+    return shlex.join(["qsub", "-q", "workq", "-l", select, "-l", "place=free", "-l", walltime, "-N", name, "-j",
+                       "oe", "-o", f"{HEAD}:{log_of_part(course, name, part + 1)}", "-v",
+                       ",".join(f"{key}={value}" for key, value in variables.items()), "job_scripts/04_ddp.pbs"])
+
+
+def check_refused(part, number, course, first_job):
+    """Part NUMBER ran on the second host, so its follow-up was refused: one line says so with the command to type
+    on the login node; the job fails (resubmit.py's status), and nothing was submitted."""
+    lines = [line for line in part.log.splitlines() if line.startswith("resubmit.py:")]
+    assert len(lines) == 1 and REFUSED.fullmatch(lines[0]), part.log
+    assert REFUSED.search(part.log)["command"] == expected_by_hand(course, "walltime", number, first_job), part.log
+    assert "== follow-up" not in part.log and "not continued" not in part.log, part.log
+    assert part.exit_status == 1, f"exit status {part.exit_status}\n{part.log}"
+    assert part.queued_after == [] and not part.next_log_there, part.queued_after  # nothing was submitted
+
+
+def test_a_follow_up_refused_on_the_second_host_names_the_command_to_type_on_the_login_node(stopped_jobs, course):
+    """The first part of the chain ran on the second host, where this PBS, like OpenPBS by default (flatuid off),
+    refuses a job's own qsub: its log has the one line that says so and gives the command; typed as it is on the
+    login node, from the course directory, it submitted the next part, which resumed from the checkpoint."""
+    first, second = stopped_jobs["chain"][:2]
+    assert re.search(rf"^== job {re.escape(first.job_id)} on {NODE2}, ", first.log, re.M), first.log
+    check_refused(first, 1, course, stopped_jobs["walltime"])
+    assert first.typed and second.job_id != first.job_id
+    folder = f"checkpoints/walltime-{stopped_jobs['walltime']}"
+    assert re.search(rf"^resumed from {re.escape(folder)}/checkpoint-00000004\.pt: epoch ", second.log, re.M), (
+        second.log)
 
 
 def test_a_job_stops_before_its_walltime_submits_its_follow_up_and_the_chain_ends_with_the_same_weights(
         stopped_jobs, course):
-    """Every part of the chain but the last stops before its walltime with a checkpoint and submits the next part,
-    which resumes from that checkpoint: the first part after step 4 (its stall), a follow-up wherever the machine's
-    speed took it (on a loaded machine a follow-up may not finish the run within its walltime)."""
-    logs = logs_of(course, "walltime")
-    assert len(logs) >= 2, "\n=====\n".join(logs)
+    """Every part of the chain but the last stops before its walltime with a checkpoint and is followed by the next
+    part, which resumes from that checkpoint: the first part after step 4 (its stall), a follow-up wherever the
+    machine's speed took it (on a loaded machine a follow-up may not finish the run within its walltime). A part
+    on the server's host submits its follow-up itself; one on the second host (the first part, and any other PBS
+    put there) is refused, and its follow-up is the command its log gives, typed on the login node."""
+    chain = stopped_jobs["chain"]
+    assert len(chain) >= 2, "\n=====\n".join(part.log for part in chain)
     folder = f"checkpoints/walltime-{stopped_jobs['walltime']}"
-    assert "== time limit: walltime 00:02:00 (qstat -f)" in logs[0], logs[0]
+    assert "== time limit: walltime 00:02:00 (qstat -f)" in chain[0].log, chain[0].log
     stopped_at = None  # the step the part before stopped at
-    for number, part in enumerate(logs, 1):
-        assert "exceeded limit" not in part and "== exit status 0 after" in part, part  # PBS killed no part
+    for number, part in enumerate(chain, 1):
+        log = part.log
+        assert "exceeded limit" not in log and "== exit status 0 after" in log, log  # PBS killed no part
         if stopped_at is not None:
-            assert f"resumed from {folder}/checkpoint-{stopped_at:08d}.pt: epoch " in part, part
-        if number == len(logs):
-            assert "stopped at step" not in part and "== follow-up" not in part, part  # it finished: the chain ends
+            assert f"resumed from {folder}/checkpoint-{stopped_at:08d}.pt: epoch " in log, log
+        if number == len(chain):  # it finished: the chain ends
+            assert "stopped at step" not in log and "== follow-up" not in log and "resubmit.py" not in log, log
+            assert part.exit_status == 0 and part.queued_after == [], log
             break
         stop = re.search(r"^stopped at step (\d+) \(--stop-after 0:02:00 would run out during the next steps\), "
                          rf"checkpoint written, resumable: the same command with --resume continues from "
-                         rf"{re.escape(folder)}/checkpoint-(\d+)\.pt$", part, re.M)
-        assert stop and int(stop[2]) == int(stop[1]), part
+                         rf"{re.escape(folder)}/checkpoint-(\d+)\.pt$", log, re.M)
+        assert stop and int(stop[2]) == int(stop[1]), log
         if number == 1:
-            assert stop[1] == "4", part  # the stall after step 3 makes the next two steps too long to fit
+            assert stop[1] == "4", log  # the stall after step 3 makes the next two steps too long to fit
         stopped_at = int(stop[1])
-        job_id = re.search(r"^== job (\S+) on ", part, re.M)[1]
-        assert re.search(rf"^== follow-up: job \d+\.\S+ continues from {re.escape(folder)} once job "
-                         rf"{re.escape(job_id)} has ended \(qsub -W depend=afterany:", part, re.M), part
+        host = re.search(rf"^== job {re.escape(part.job_id)} on (\S+), ", log, re.M)
+        assert host and host[1] in (HEAD, NODE2), log
+        if host[1] == NODE2:
+            check_refused(part, number, course, stopped_jobs["walltime"])
+        else:
+            assert re.search(rf"^== follow-up: job {re.escape(chain[number].job_id)} continues from "
+                             rf"{re.escape(folder)} once job {re.escape(part.job_id)} has ended \(qsub -W "
+                             rf"depend=afterany:{re.escape(part.job_id)}\)$", log, re.M), log
+            assert "resubmit.py" not in log and part.exit_status == 0 and not part.typed, log
     final = torch.load(course / "checkpoints" / "walltime.pt")
     assert final.keys() == stopped_jobs["reference"].keys()
     assert all(torch.equal(final[key], stopped_jobs["reference"][key]) for key in final)
