@@ -602,6 +602,26 @@ def test_a_rerun_job_resumes_from_its_checkpoint(pbs, course):
     assert record["resumed_at_step"] == 2 and record["world_size"] == 2
 
 
+def test_qstat_tells_a_checkpoint_folders_lock_whether_its_job_has_ended(pbs, course):
+    """A lock left on a checkpoint folder by a job that died is taken over once qstat says the job is over
+    (machinery/folder_lock.py, kit/schedulers.py): held while the job is queued, at once after qdel. Asked as the
+    job user on the login node, with the course's Python, as a job's rank 0 asks."""
+    held = pbs_as_user(pbs, f"cd {shlex.quote(str(course))} && qsub -h -N lock_test -l select=1:ncpus=1:mem=1gb "
+                            f"-l walltime=00:01:00 -- /bin/true")
+    assert held.returncode == 0, held.stderr
+    job = f"PBS {held.stdout.strip()}"
+    ask = (f"cd {shlex.quote(str(course / 'scripts'))} && {pbs['PBS_JOB_VENV']}/bin/python -c "
+           f"{shlex.quote(f'from kit import schedulers; print(schedulers.job_ended({job!r}))')}")
+    try:
+        assert pbs_as_user(pbs, ask).stdout.strip() == "False"
+    finally:
+        assert pbs_as_root(pbs, "qdel", job.split()[1]).returncode == 0
+    deadline = time.monotonic() + 60
+    while (said := pbs_as_user(pbs, ask).stdout.strip()) != "True" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert said == "True"
+
+
 # ---------------------------------------------------------------- the walltime, and qdel: nothing lost
 
 # 2 epochs of 60 steps of the Net in 2 processes, one thread each: the run both jobs below train, and the

@@ -213,11 +213,12 @@ class Checkpointing(Callback):
 
     def write_checkpoint(self, trainer):
         """True once written; False where --train-through-nan leaves out a checkpoint of non-finite values."""
-        last_loss = 0.0 if trainer.step_loss is None else float(trainer.step_loss)  # the epoch's end reset loss_sum
         mine = {"rng": checkpoints.rng_state(self.runtime.device), "loss_sum": float(trainer.loss_sum),
-                "samples": int(trainer.samples), "last_step_loss": last_loss}
-        ranks = gather_from_all_ranks(mine)
-        losses = [rank["loss_sum"] + rank["last_step_loss"] for rank in ranks]  # every rank sees all: they agree
+                "samples": int(trainer.samples)}
+        last_loss = 0.0 if trainer.step_loss is None else float(trainer.step_loss)  # the epoch's end reset loss_sum
+        gathered = gather_from_all_ranks((mine, last_loss))
+        ranks = [theirs for theirs, _ in gathered]
+        losses = [theirs["loss_sum"] + last for theirs, last in gathered]  # every rank sees all: they agree
         if not all(map(divergence.is_finite, losses)):
             return self.refuse(trainer, f"the training loss is not finite ({divergence.not_finite(losses)})")
         if not weights_finite(trainer.model):  # the same weights on every rank: every rank decides alike
