@@ -235,7 +235,8 @@ course_run() {
 course_train() {
     local start=$SECONDS status=0 pid last
     mkdir -p "$COURSE_CHECKPOINT_DIR"
-    rm -f "$COURSE_CHECKPOINT_DIR/STOP" "$COURSE_CHECKPOINT_DIR/STOPPED"  # news of an earlier job is old
+    rm -f "$COURSE_CHECKPOINT_DIR/STOP"  # news of an earlier job is old
+    COURSE_RUN_BEGAN=$(date +%s)  # a STOPPED note older than this is another run's (course_continue)
     COURSE_SIGTERM_AT=""
     trap 'COURSE_SIGTERM_AT=${COURSE_SIGTERM_AT:-$SECONDS}' TERM
     trap 'course_ask_to_stop' USR1
@@ -272,10 +273,13 @@ course_ask_to_stop() {
 # (scripts/tools/resubmit.py: qsub -W depend=afterany:<this job>); Slurm requeues this job
 # (scontrol requeue: the same id, so the same folder); not where site.sh says COURSE_CONTINUE=no.
 # A run that finished or failed leaves no note, so nothing follows it: a bad input never loops,
-# and every job of a chain trains at least one step (the run writes no note without one).
+# and every job of a chain trains at least one step (the run writes no note without one). The
+# run removes an earlier run's note once it holds the folder (graceful_stop.py).
 course_continue() {
-    local reason step
-    [[ -f $COURSE_CHECKPOINT_DIR/STOPPED ]] || return 0
+    local reason step note=$COURSE_CHECKPOINT_DIR/STOPPED
+    [[ -f $note ]] || return 0
+    # This run's note, not one an earlier job left, nor one of a run that holds the folder (folder_lock.py).
+    (($(stat -c %Y "$note") >= ${COURSE_RUN_BEGAN:-0})) || return 0
     read -r reason step <"$COURSE_CHECKPOINT_DIR/STOPPED"
     if [[ $COURSE_CONTINUE != yes ]]; then
         :  # the site chains its jobs itself (job_scripts/site.sh)

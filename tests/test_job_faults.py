@@ -67,15 +67,16 @@ def test_a_full_disk_stops_every_rank_with_one_line_and_leaves_nothing_behind(sm
                           "Nothing of it was left; the newest, checkpoint-00000002.pt, is the one to resume from")
     assert len(set(error_lines(done))) == 1 and len(error_lines(done)) == 2, done.stderr  # every rank, one line
     assert "epoch 1/1" not in done.stdout  # it stopped at the step it could not save
-    # No partial file, no lock, and the drill's filler gone with its process.
-    assert sorted(path.name for path in folder.iterdir()) == ["checkpoint-00000002.pt"]
+    # No partial file, no lock, the drill's filler gone with its process, and the line noted for a restarted group.
+    assert sorted(path.name for path in folder.iterdir()) == ["FAILED", "checkpoint-00000002.pt"]
+    assert (folder / "FAILED").read_text().strip() in error_lines(done)[0]
     assert checkpoints.read(folder / "checkpoint-00000002.pt", "cpu")["global_step"] == 2
 
     fresh = run_python("step1_baseline.py", *SHORT, "--checkpoint-every", 2, *outputs(small_disk / "another"),
                        timeout=120)  # 34 MiB free; 3 checkpoints of 13.7 MiB
     assert_one_line_error(fresh, "--checkpoint-dir ", " free, and this run needs about 41.2 MiB more there: 3 "
-                          "checkpoint(s) of 13.7 MiB at once (every one it writes)",
-                          "keep fewer (--keep-checkpoints, now 3)")
+                          "checkpoint(s) of 13.7 MiB at once (every one it writes): put --checkpoint-dir on a file "
+                          "system with room (a scratch folder), or free space there")
     assert "epoch 1/1" not in fresh.stdout and not (small_disk / "another" / folder_lock.NAME).exists()
 
 
@@ -87,13 +88,22 @@ DIVERGING = ("--optimizer", "sgd", "--lr", "1e4")  # the loss is NaN at step 4 o
 @pytest.mark.slow
 def test_a_loss_that_is_no_longer_finite_stops_every_rank_and_no_checkpoint_of_it_is_written(tmp_path):
     """Without a checkpoint due, the ranks' step agreement carries it: every rank stops after step 5 with the same
-    line, exit status 1, and the checkpoint of step 3 stays the newest, unfinished."""
+    line, exit status 1, and the checkpoint of step 3 stays the newest, unfinished. The group torchrun restarts
+    (--max-restarts) would meet it again from there: it stops before training, saying so."""
     folder = tmp_path / "run"
-    done = run_torchrun("step4_ddp.py", *SHORT, *DIVERGING, "--checkpoint-every", 3, *outputs(folder), timeout=180)
-    assert_one_line_error(done, "the training loss became nan on rank 0, nan on rank 1 at step 4: training stopped, "
-                                "and the newest checkpoint, ", "checkpoint-00000003.pt, is from before it",
+    done = run_torchrun("step4_ddp.py", *SHORT, *DIVERGING, "--checkpoint-every", 3, *outputs(folder), timeout=180,
+                        launcher=("--max-restarts=1",))
+    line = ("the training loss became nan on rank 0, nan on rank 1 at step 4: training stopped, and the newest "
+            "checkpoint, ")
+    assert_one_line_error(done, line, "checkpoint-00000003.pt, is from before it",
                           "a learning rate too high for the global batch of 64")
-    assert len(set(error_lines(done))) == 1 and len(error_lines(done)) == 2, done.stderr
+    first, restarted = error_lines(done)[:2], error_lines(done)[2:]
+    assert len(set(first)) == 1 and len(first) == 2, done.stderr
+    assert len(set(restarted)) == 1 and len(restarted) == 2, done.stderr
+    assert restarted[0].startswith("error: rank 0 (") and line in restarted[0], restarted[0]
+    assert restarted[0].endswith("[this group, restarted by torchrun, would meet it again and stops: fix the cause, "
+                                 "then start the job again]")
+    assert done.stdout.count("pre-flight all_reduce ok") == 2 and "resumed from" not in done.stdout
     assert "exitcode  : 1" in done.stderr
     assert [path.name for path in checkpoints.checkpoints_in(folder)] == ["checkpoint-00000003.pt"]
     assert checkpoints.read(folder / "checkpoint-00000003.pt", "cpu")["finished"] is False
@@ -210,8 +220,14 @@ def test_a_lock_of_another_machine_is_stale_after_its_heartbeat_stops_or_when_it
     os.utime(path, (old, old))
     lock = folder_lock.take(tmp_path)
     assert folder_lock.read(path) == lock.holder and not list(tmp_path.glob(".LOCK*"))
+    path.unlink()  # gone for a moment (a file server's hiccup, another run setting it aside): not a takeover
+    lock.check()
+    assert folder_lock.create(path, {**other, "token": "y"})  # another run's, made after a takeover
+    with pytest.raises(folder_lock.CourseError, match=r"another run \(pid 1 on another-node\) took over "):
+        lock.check()
     lock.release()
-    assert not path.exists()
+    assert folder_lock.read(path)["token"] == "y"  # a lock no longer this run's is not removed
+    path.unlink()
 
     for name in ("PBS_JOBID", "COURSE_JOB_START", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)

@@ -655,13 +655,14 @@ def submit(pbs, course, name, resources, variables):
 
 def submit_to(pbs, host, course, name, resources, variables):
     """submit(), and the job started on HOST by the test (qrun -H, once no job is left there), the scheduler paused
-    meanwhile: its request names no host, so the follow-ups it asks for land wherever PBS puts them."""
-    deadline = time.monotonic() + JOB_SECONDS
-    while not re.search(r"^\s+state = free$", pbs_as_root(pbs, "pbsnodes", host).stdout, re.M):
-        assert time.monotonic() < deadline, pbs_as_root(pbs, "pbsnodes", host).stdout
-        time.sleep(0.5)
+    meanwhile, so that no other job starts there in between: its request names no host, so the follow-ups it asks
+    for land wherever PBS puts them."""
     assert pbs_as_root(pbs, "qmgr", "-c", "set server scheduling = False").returncode == 0
     try:
+        deadline = time.monotonic() + JOB_SECONDS
+        while re.search(r"^\s+jobs = ", nodes := pbs_as_root(pbs, "pbsnodes", host).stdout, re.M):
+            assert time.monotonic() < deadline, nodes  # the jobs running there end; none starts meanwhile
+            time.sleep(0.5)
         job_id = submit(pbs, course, name, resources, variables)
         started = pbs_as_root(pbs, "qrun", "-H", f"({host})", job_id)
         assert started.returncode == 0, started.stderr

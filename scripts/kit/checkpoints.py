@@ -23,6 +23,7 @@ Every rank reads it with ``map_location`` set to its own device (a checkpoint wr
 on cuda:0 would otherwise load onto cuda:0 in every process) and ``weights_only=True``
 (unpickling arbitrary objects can run arbitrary code).
 """
+import errno
 import io
 import os
 import re
@@ -124,14 +125,17 @@ def megabytes(count):
     return f"{count / 2**20:,.1f} MiB"
 
 
-def check_room(folder, size, at_once, keep):
-    """Stop before training unless ``folder`` has room for ``at_once`` checkpoints of ``size`` bytes beside those it
-    holds (prune removes the oldest only after the newest is written). Free space as the file system reports it
-    (statvfs): a user's or project's quota shows only when a write fails."""
-    existing = sum(path.stat().st_size for path in checkpoints_in(folder))
-    free, needed = shutil.disk_usage(folder).free, at_once * size - existing
+def check_room(folder, size, at_once, keep, replaced=()):
+    """Stop before training unless ``folder`` has room for ``at_once`` checkpoints of ``size`` bytes at once, counting
+    those it holds but not the ``replaced`` ones (prune removes the oldest only after the newest is written; the
+    first write needs a whole one). Free space as the file system reports it (statvfs): a user's or project's quota
+    shows only when a write fails."""
+    existing = sum(path.stat().st_size for path in checkpoints_in(folder) if path not in replaced)
+    freed = sum(path.stat().st_size for path in replaced)
+    free = shutil.disk_usage(folder).free + freed
+    needed = max(size, at_once * size - existing) if at_once else 0
     if free < needed:
-        fewer = f", keep fewer (--keep-checkpoints, now {keep})" if keep > 1 and at_once > 2 else ""
+        fewer = f", keep fewer (--keep-checkpoints, now {keep})" if 1 < keep < at_once else ""
         which = f"the {keep} it keeps and the next" if at_once > keep else "every one it writes"
         raise CourseError(f"--checkpoint-dir {display_path(folder)} has {megabytes(free)} free, and this run needs "
                           f"about {megabytes(needed)} more there: {at_once} checkpoint(s) of {megabytes(size)} at "
@@ -149,10 +153,12 @@ def write_failed(error, path, size, keep):
     newest = checkpoints_in(folder)
     resume = f"the newest, {newest[-1].name}, is the one to resume from" if newest else "no earlier one is there"
     fewer = f" or keep fewer (--keep-checkpoints, now {keep})" if keep > 1 and len(newest) > 1 else ""
+    space = f"it needs about {megabytes(size)} and {free} is free there"
+    if error.errno == errno.EDQUOT:  # statvfs's free space does not show a user's or project's quota
+        space = f"it needs about {megabytes(size)} more than your quota there allows (quota -s, lfs quota)"
     return CourseError(f"could not write checkpoint {path.name} into {display_path(folder)} "
-                       f"({error.strerror or error}): it needs about {megabytes(size)} and {free} is free there; put "
-                       f"--checkpoint-dir on a file system with room (a scratch folder){fewer}. Nothing of it was "
-                       f"left; {resume}")
+                       f"({error.strerror or error}): {space}; put --checkpoint-dir on a file system with room (a "
+                       f"scratch folder){fewer}. Nothing of it was left; {resume}")
 
 
 def read(path, device):

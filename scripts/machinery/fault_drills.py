@@ -19,11 +19,13 @@ signals are real: ``kill`` is SIGKILL, as the kernel's out-of-memory killer send
 import atexit
 import functools
 import os
+import shutil
 import signal
 import sys
 import time
 
 from kit import checkpoints
+from kit.errors import CourseError
 from kit.launch_checks import first_attempt, restart_count
 from kit.output_paths import display_path
 from lesson.loop import Callback
@@ -125,13 +127,24 @@ def fill_then_write(args, write, state, path):
     return write(state, path)
 
 
+FILL_AT_MOST = 1 << 30  # the drill fills a small file system (a tmpfs), never a shared one
+
+
 def fill(path):
-    """Write zeros into ``path`` until the file system has no room left."""
-    chunk = 1 << 20
+    """Write into ``path`` until the file system has no room left: random bytes, which no compression shrinks, and
+    no more than the free space the file system reported (and a little)."""
+    free = shutil.disk_usage(path.parent).free
+    if free > FILL_AT_MOST:
+        raise CourseError(f"--fault disk-full fills the checkpoint folder's file system, and "
+                          f"{display_path(path.parent)} has {free / 2**30:.1f} GiB free: point --checkpoint-dir at a "
+                          f"small file system, such as a tmpfs of 64 MiB (docs/troubleshooting.md, 17)")
+    chunk, block, written = 1 << 20, os.urandom(1 << 20), 0
     with open(path, "wb", buffering=0) as file:
-        while chunk >= 512:
+        while chunk >= 512 and written <= free + (1 << 20):
             try:
-                if not file.write(bytes(chunk)):
-                    chunk //= 2
+                wrote = file.write(block[:chunk]) or 0
             except OSError:
+                wrote = 0
+            written += wrote
+            if not wrote:
                 chunk //= 2  # full, or nearly: smaller pieces take the rest

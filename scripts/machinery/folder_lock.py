@@ -125,19 +125,26 @@ class Lock:
 
     def refresh(self):
         while not self.stopped.wait(HEARTBEAT):
-            try:
-                now = read(self.path)
-                if now != self.holder:
-                    self.taken_by = now or {"pid": "?", "host": "?"}
-                    return
+            if self.other_holder() is not None:
+                return  # taken over: check() says so before the next write
+            with contextlib.suppress(OSError):  # a file server's hiccup (ESTALE, EIO): again at the next beat
                 os.utime(self.path)
-            except OSError:
-                continue  # a file server's hiccup (ESTALE, EIO): try again at the next beat
+
+    def other_holder(self):
+        """The run that took this lock over, or None while it is this run's (or cannot be read just now)."""
+        try:
+            now = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # gone for a moment (another run setting a stale lock aside) or unreadable: not a takeover
+        if isinstance(now, dict) and now.get("token") not in (None, self.holder["token"]):
+            self.taken_by = now
+        return self.taken_by
 
     def check(self):
         """Raise if another run took this lock over (this run was stopped or cut off for longer than STALE_AFTER)."""
-        if self.taken_by is not None:
-            raise CourseError(f"another run (pid {self.taken_by['pid']} on {self.taken_by['host']}) took over "
+        taken_by = self.other_holder()
+        if taken_by is not None:
+            raise CourseError(f"another run (pid {taken_by.get('pid')} on {taken_by.get('host')}) took over "
                               f"{display_path(self.path)} while this run was stopped or cut off from it: this run "
                               f"stops rather than write into a folder another run holds")
 
@@ -148,7 +155,8 @@ class Lock:
         if self in HELD:
             HELD.remove(self)
         if os.getpid() == self.holder["pid"] and read(self.path) == self.holder:
-            self.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # on the way out: never a traceback instead of the run's own line
+                self.path.unlink(missing_ok=True)
 
 
 def release_all():
@@ -205,7 +213,9 @@ def create(path, holder):
         return False
     except OSError as error:
         if error.errno not in NO_HARD_LINKS:
-            raise
+            raise CourseError(f"--checkpoint-dir {display_path(path.parent)}: its lock file cannot be written "
+                              f"({error.strerror}): put --checkpoint-dir on a file system with room (a scratch "
+                              f"folder) that you can write to") from None
         try:  # a file system without hard links: create it exclusively, then fill it
             with open(path, "x") as file:
                 file.write(json.dumps(holder) + "\n")

@@ -211,8 +211,8 @@ class GracefulStop(Callback):
         """Some rank's loss was not finite at the step posted last: every rank stops now, saving nothing."""
         step, loss = self.posted_at
         losses = gather_from_all_ranks(float(loss))  # only on the way out: which rank's, and what
-        raise divergence.stopped(f"the training loss became {divergence.not_finite(losses)} at step {step}", trainer,
-                                 self.folder)
+        raise self.checkpointing.failed(divergence.stopped(
+            f"the training loss became {divergence.not_finite(losses)} at step {step}", trainer, self.folder))
 
     def stop(self, trainer, code):
         """The checkpoint of this step (unless the checkpointing callback just wrote it), a note for the job,
@@ -222,11 +222,11 @@ class GracefulStop(Callback):
         if progressed and self.checkpointing.saved_step != step:  # unless the checkpointing callback just saved it
             self.checkpointing.save(trainer)
         if self.runtime.is_main:
-            self.tell(step, code, progressed)
+            self.tell(step, code, progressed, saved=self.checkpointing.saved_step == step)
         status = 0 if code < SIGNAL_BASE else 128 + code - SIGNAL_BASE
         raise Stopped(status)
 
-    def tell(self, step, code, progressed):
+    def tell(self, step, code, progressed, saved):
         if code == BUDGET:
             why = f"--stop-after {clock(self.args.stop_after)} would run out during the next steps"
         elif code == REQUEST:
@@ -237,7 +237,10 @@ class GracefulStop(Callback):
             (self.folder / REQUEST_FILE).unlink(missing_ok=True)  # the request is answered
         newest = checkpoints.checkpoints_in(self.folder)
         where = display_path(newest[-1]) if newest else None
-        if progressed:
+        if progressed and not saved:  # --train-through-nan: no checkpoint of non-finite values, no note for the job
+            print(f"stopped at step {step} ({why}) without its checkpoint (values not finite): the same command with "
+                  f"--resume continues from {where}", flush=True)
+        elif progressed:
             (self.folder / NOTE_FILE).write_text(f"{reason_words(code)} {step}\n")
             print(f"stopped at step {step} ({why}), checkpoint written, resumable: the same command with --resume "
                   f"continues from {where}", flush=True)

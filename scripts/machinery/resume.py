@@ -16,6 +16,7 @@ rank 0 (kit/checkpoints.py) with every rank's random state, through the writer j
 fails (a full disk, a quota) stops every rank after that step with one line; one of a loss or of weights that
 are no longer finite is never written (divergence.py).
 """
+import contextlib
 import time
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from lesson.loop import Callback, batches_per_epoch, steps_per_epoch
 from lesson.models import unwrap
 
 from . import divergence, folder_lock
+
+FAILED_NOTE = "FAILED"  # in the checkpoint folder: the line of a run that stopped where a restart would stop again
 
 
 class Checkpointing(Callback):
@@ -50,7 +53,7 @@ class Checkpointing(Callback):
     def on_train_start(self, trainer):
         self.config = run_config(self.script, trainer)
         self.checkpoint_bytes = checkpoints.estimated_bytes(unwrap(trainer.model), self.args.optimizer)
-        state = self.decide(checkpoints_to_write(trainer))
+        state = self.decide(trainer)
         if state is not None:
             self.load(trainer, state)
 
@@ -58,27 +61,49 @@ class Checkpointing(Callback):
         if self.lock is not None:
             self.lock.release()
 
-    def decide(self, planned):
-        """The one resume decision, agreed by every rank after the outputs are checked and the folder taken (room
-        for the ``planned`` checkpoints, or those it keeps, and one more): the state of the checkpoint to resume
-        from, or None to start fresh (a finished run's checkpoints are replaced)."""
+    def decide(self, trainer):
+        """The one resume decision, agreed by every rank after the outputs are checked, the folder taken, and its
+        room for the checkpoints still to come checked: the state of the checkpoint to resume from, or None to start
+        fresh (a finished run's checkpoints are replaced)."""
         args = self.args
         with fail_together(self.runtime):
             if self.runtime.is_main:  # rank 0 alone writes
                 output_paths.check_folder(args.results_dir, "--results-dir")
                 output_paths.check_folder(self.folder, "--checkpoint-dir")
-                at_once = min(args.keep_checkpoints + 1, len(checkpoints.checkpoints_in(self.folder)) + planned)
-                checkpoints.check_room(self.folder, self.checkpoint_bytes, at_once, args.keep_checkpoints)
                 self.lock = folder_lock.take(self.folder)  # before anything is read there
+                self.check_earlier_failure()
                 if args.save:
                     output_paths.check_file(args.save, "--save")
             path, state, stale = self.find_checkpoint()
+            if self.runtime.is_main:
+                kept = len(checkpoints.checkpoints_in(self.folder)) - len(stale)  # a finished run's are replaced
+                at_once = min(args.keep_checkpoints + 1, kept + checkpoints_to_write(trainer, state))
+                checkpoints.check_room(self.folder, self.checkpoint_bytes, at_once, args.keep_checkpoints, stale)
         self.agree_on_checkpoint(path, state)
         if path is None and self.resume_from() == "latest" and self.runtime.is_main:
             print(f"no checkpoint in {display_path(self.folder)} yet: starting fresh", flush=True)
         if stale and self.runtime.is_main:
             self.clear(stale)
         return state
+
+    def check_earlier_failure(self):
+        """A group torchrun restarted after a divergence or a failed write would meet it again from the same
+        checkpoint: it stops at once with the same line. A new launch (its first attempt) tries again."""
+        note = self.folder / FAILED_NOTE
+        if not note.is_file():
+            return
+        if launch_checks.first_attempt():
+            note.unlink(missing_ok=True)
+            return
+        raise CourseError(f"{note.read_text().strip()} [this group, restarted by torchrun, would meet it again and "
+                          f"stops: fix the cause, then start the job again]")
+
+    def failed(self, error):
+        """``error`` (a divergence, a write that failed), noted in the folder by rank 0 for a restarted group."""
+        if self.runtime.is_main:
+            with contextlib.suppress(OSError):  # a full disk may refuse the note too
+                (self.folder / FAILED_NOTE).write_text(f"{error}\n")
+        return error
 
     def clear(self, stale):
         """A finished run's checkpoints are removed; an unfinished one's (--start-over) are moved aside."""
@@ -242,7 +267,8 @@ class Checkpointing(Callback):
         try:
             self.write(state, path)
         except OSError as error:
-            raise checkpoints.write_failed(error, path, self.checkpoint_bytes, self.args.keep_checkpoints) from None
+            raise self.failed(checkpoints.write_failed(error, path, self.checkpoint_bytes,
+                                                       self.args.keep_checkpoints)) from None
         checkpoints.prune(self.folder, self.args.keep_checkpoints)
         where = (f"end of epoch {trainer.epoch - 1}" if trainer.batches_done == 0
                  else f"epoch {trainer.epoch}, step {trainer.global_step}")
@@ -251,8 +277,8 @@ class Checkpointing(Callback):
     def refuse(self, trainer, what):
         """No checkpoint of a diverged run: stop, or with --train-through-nan train on without it."""
         if not self.args.train_through_nan:
-            raise divergence.stopped(f"{what} at step {trainer.global_step}, where a checkpoint was due", trainer,
-                                     self.folder)
+            raise self.failed(divergence.stopped(f"{what} at step {trainer.global_step}, where a checkpoint was due",
+                                                 trainer, self.folder))
         if self.runtime.is_main:
             print(f"checkpoint of step {trainer.global_step} not written: {what} (--train-through-nan)", flush=True)
         return False
@@ -267,11 +293,16 @@ def run_config(script, trainer):
             "trainable_parameters": sum(p.numel() for p in unwrap(trainer.model).parameters() if p.requires_grad)}
 
 
-def checkpoints_to_write(trainer):
-    """How many checkpoints a run from its start writes: each epoch's end, and every --checkpoint-every steps."""
+def checkpoints_to_write(trainer, state):
+    """About how many checkpoints the run writes from ``state`` (None: its start) on: each epoch's end, and every
+    --checkpoint-every steps."""
     args = trainer.args
     steps = steps_per_epoch(trainer.batches, args)
-    return args.epochs * (1 + ((steps - 1) // args.checkpoint_every if args.checkpoint_every else 0))
+    every = args.checkpoint_every
+    epoch, done = (1, 0) if state is None else (state["epoch"], -(-state["batches_done"] // args.accumulate))
+    per_epoch = 1 + ((steps - 1) // every if every else 0)  # the epoch's last step has the epoch's checkpoint
+    behind = done // every if every else 0  # those of the epoch in progress already written
+    return max(0, (args.epochs - epoch + 1) * per_epoch - behind)
 
 
 def weights_finite(model):
